@@ -1,0 +1,79 @@
+"""Index benchmark: insert rate, query rate and bytes per fingerprint at N stored fingerprints.
+
+    python bench/index_bench.py --n 10000000 --runs 3
+
+Inserts N random fingerprints in batches, then queries batches of 1,000 (half of them planted
+neighbours of stored fingerprints at distance 1..3, half random).  Prints one JSON line per
+run and the medians; run it by hand, on an otherwise quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import time
+
+import numpy as np
+
+from streamdedup.index import HammingIndex
+
+
+def one_run(n: int, batch: int, qbatch: int, design: str, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    fps = rng.integers(0, 2**64 - 1, size=n, dtype=np.uint64, endpoint=True)
+    ids = np.arange(n)  # ints: the index stores them as given
+    idx = HammingIndex(k=3, design=design)
+    t0 = time.perf_counter()
+    for s in range(0, n, batch):
+        idx.add_many(ids[s : s + batch].tolist(), fps[s : s + batch])
+    insert_s = time.perf_counter() - t0
+
+    n_queries = min(200 * qbatch, n)
+    near = fps[rng.integers(0, n, size=n_queries // 2)]
+    for bit_count in (1, 2, 3):  # flip 1..3 random bits in thirds of the planted queries
+        part = slice((bit_count - 1) * len(near) // 3, bit_count * len(near) // 3)
+        for _ in range(bit_count):
+            near[part] ^= np.uint64(1) << rng.integers(0, 64, size=len(near[part])).astype(np.uint64)
+    queries = np.concatenate([near, rng.integers(0, 2**64 - 1, size=n_queries - len(near), dtype=np.uint64)])
+    rng.shuffle(queries)
+    found = 0
+    t0 = time.perf_counter()
+    for s in range(0, len(queries), qbatch):
+        found += len(idx.search(queries[s : s + qbatch]).query)
+    query_s = time.perf_counter() - t0
+    return {
+        "n": n,
+        "design": design,
+        "insert_per_s": n / insert_s,
+        "query_per_s": len(queries) / query_s,
+        "matches": found,
+        "table_bytes_per_fp": idx.table_nbytes / n,
+        "index_bytes_per_fp": idx.nbytes / n,
+        "runs": len(idx._runs),
+        "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, default=10_000_000)
+    p.add_argument("--batch", type=int, default=1000, help="insert batch size")
+    p.add_argument("--query-batch", type=int, default=1000)
+    p.add_argument("--design", default="16", choices=["20", "16", "10", "4"])
+    p.add_argument("--runs", type=int, default=3)
+    args = p.parse_args()
+    print(f"# {platform.processor() or platform.machine()}, {platform.python_version()}, numpy {np.__version__}")
+    results = []
+    for r in range(args.runs):
+        res = one_run(args.n, args.batch, args.query_batch, args.design, seed=r)
+        print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in res.items()}))
+        results.append(res)
+    for key in ("insert_per_s", "query_per_s", "table_bytes_per_fp", "index_bytes_per_fp"):
+        print(f"median {key}: {statistics.median(r[key] for r in results):,.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,300 @@
+"""The Hamming-distance index: every stored fingerprint within ``k`` bits of a query, exactly.
+
+Layout (Manku et al. 2007, with the tables kept as sorted numpy runs)::
+
+    row r:   fps[r] (uint64)   alive[r] (bool)   ids[r]          one row per added fingerprint
+    run:     keys  uint32[T*n] sorted   (table << (32-t) | table key, see tables.py)
+             rows  uint32[T*n]          the row each key belongs to
+             dir   offsets of the 2**D buckets of the keys' top D bits (about 4 keys a bucket)
+
+A query packs its T table keys, looks each up in every run through the bucket directory
+(no binary search over hundreds of millions of keys), keeps the exact key matches, and checks
+those candidates' real distance against ``fps``: the result is exactly the stored
+fingerprints within ``k`` bits.  The T tables of one run share one array because the table
+number sits in the top bits of the key.
+
+Inserts are log-structured: a batch becomes a small sorted run, and the newest run is merged
+into the one before it while it is at least as large (a binary counter), so there are
+O(log n) runs and each entry is copied O(log n) times, by linear merges (two ``searchsorted``
+and one scatter).  Small runs are binary-searched; big ones get their directory on first use.
+``remove`` marks a row dead; dead rows are dropped when they are half of all rows.
+
+>>> idx = HammingIndex(k=3)
+>>> idx.add_many(["a", "b", "c"], [0b0000, 0b0111, 0b1111_0000])
+>>> idx.query(0b0001)
+[('a', 1), ('b', 2)]
+>>> idx.remove("a"), len(idx)
+(True, 2)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .simhash import hamming_many
+from .tables import TableDesign
+
+__all__ = ["HammingIndex", "Matches"]
+
+
+@dataclass(frozen=True)
+class Matches:
+    """Flat query results, sorted by (query, distance, row): ``query[i]`` matched ``row[i]``."""
+
+    query: np.ndarray  # int64 index into the queried batch
+    row: np.ndarray  # int64 row in the index
+    distance: np.ndarray  # int64
+
+
+class _Run:
+    """One sorted run of packed keys with its bucket directory."""
+
+    __slots__ = ("keys", "rows", "_dir", "_shift")
+
+    #: Runs smaller than this are searched by binary search: they sit in cache anyway.
+    DIRECTORY_MIN = 1 << 16
+
+    def __init__(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        self.keys, self.rows = keys, rows
+        self._dir: np.ndarray | None = None
+        self._shift = np.uint32(0)
+
+    def _directory(self) -> np.ndarray:
+        """Bucket offsets over the keys' top bits, built on first use (about 4 keys a bucket)."""
+        if self._dir is None:
+            bits = int(np.clip(len(self.keys).bit_length() - 2, 1, 26))
+            self._shift = np.uint32(32 - bits)
+            bounds = np.arange(1 << bits, dtype=np.uint64) << np.uint64(32 - bits)
+            offsets = np.empty((1 << bits) + 1, dtype=np.int64)
+            offsets[:-1] = np.searchsorted(self.keys, bounds.astype(np.uint32))
+            offsets[-1] = len(self.keys)
+            self._dir = offsets.astype(np.uint32) if len(self.keys) < 2**32 else offsets
+        return self._dir
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @property
+    def nbytes(self) -> int:
+        directory = 0 if self._dir is None else self._dir.nbytes
+        return self.keys.nbytes + self.rows.nbytes + directory
+
+    def lookup(self, needles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(needle index, row) for every key equal to a needle."""
+        if len(self.keys) < self.DIRECTORY_MIN:
+            lo = np.searchsorted(self.keys, needles, side="left")
+            counts = np.searchsorted(self.keys, needles, side="right") - lo
+        else:
+            directory = self._directory()
+            bucket = needles >> self._shift
+            lo = directory[bucket].astype(np.int64)
+            counts = directory[bucket + 1].astype(np.int64) - lo
+        total = int(counts.sum())
+        if total == 0:
+            return np.empty(0, np.int64), np.empty(0, np.int64)
+        which = np.repeat(np.arange(len(needles)), counts)
+        # position = lo of its needle + rank within that needle's bucket
+        pos = np.arange(total) - np.repeat(np.cumsum(counts) - counts - lo, counts)
+        hit = self.keys[pos] == needles[which]
+        return which[hit], self.rows[pos[hit]].astype(np.int64)
+
+    @staticmethod
+    def merge(old: "_Run", new: "_Run") -> "_Run":
+        """A linear merge: each new key goes after the equal old keys."""
+        n = len(old) + len(new)
+        keys = np.empty(n, dtype=np.uint32)
+        rows = np.empty(n, dtype=np.uint32)
+        # final position = own rank + number of keys from the other run that go before it
+        at = np.searchsorted(old.keys, new.keys, side="right")
+        at += np.arange(len(new.keys))
+        keys[at], rows[at] = new.keys, new.rows
+        at = np.searchsorted(new.keys, old.keys, side="left")
+        at += np.arange(len(old.keys))
+        keys[at], rows[at] = old.keys, old.rows
+        return _Run(keys, rows)
+
+
+class HammingIndex:
+    """Stored 64-bit fingerprints, searchable by Hamming distance <= ``k``.
+
+    ``design`` picks the tables: a :class:`TableDesign`, a name ("16", "20", "10", "4") for
+    k = 3, or ``None`` for the default (4 x 4 = 16 tables for k = 3; (k+1, k+1) otherwise).
+    Ids may be any hashable values; an id added twice is stored twice.
+    """
+
+    def __init__(self, k: int = 3, design: TableDesign | str | None = None) -> None:
+        if isinstance(design, str):
+            design = TableDesign.named(design, k=k)
+        elif design is None:
+            design = TableDesign(k=k, levels=(4, 4) if k == 3 else (k + 1, k + 1))
+        if design.k != k:
+            raise ValueError(f"design is for k={design.k} but the index was asked for k={k}")
+        self.k, self.design = k, design
+        self._fps = np.empty(1024, dtype=np.uint64)
+        self._alive = np.zeros(1024, dtype=bool)
+        self._ids: list[Hashable] = []
+        self._n = 0  # rows used
+        self._dead = 0
+        self._runs: list[_Run] = []
+
+    # ---------------------------------------------------------------- size
+    def __len__(self) -> int:
+        return self._n - self._dead
+
+    @property
+    def table_nbytes(self) -> int:
+        """Bytes held by the permuted tables (keys, rows and bucket directories)."""
+        return sum(run.nbytes for run in self._runs)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held in numpy arrays: tables plus fingerprints and the alive mask.
+
+        The ids themselves are Python objects owned by the caller and not counted; use
+        small ids (ints) when storing millions of fingerprints.
+        """
+        return self.table_nbytes + self._fps.nbytes + self._alive.nbytes + 8 * len(self._ids)
+
+    # -------------------------------------------------------------- writes
+    def add(self, id: Hashable, fingerprint: int) -> None:
+        """Store one fingerprint."""
+        self.add_many([id], [fingerprint])
+
+    def add_many(self, ids: Sequence[Hashable], fingerprints: Iterable[int] | np.ndarray) -> None:
+        """Store a batch of fingerprints under the given ids."""
+        fps = _as_fps(fingerprints)
+        if len(ids) != len(fps):
+            raise ValueError(f"got {len(ids)} ids for {len(fps)} fingerprints; pass one id each")
+        m = len(fps)
+        if m == 0:
+            return
+        self._reserve(self._n + m)
+        start = self._n
+        self._fps[start : start + m] = fps
+        self._alive[start : start + m] = True
+        self._ids.extend(ids)
+        self._n += m
+        self._runs.append(self._build_run(fps, np.arange(start, start + m, dtype=np.uint32)))
+        while len(self._runs) >= 2 and len(self._runs[-1]) >= len(self._runs[-2]):
+            new = self._runs.pop()
+            self._runs[-1] = _Run.merge(self._runs[-1], new)
+
+    def remove(self, id: Hashable) -> bool:
+        """Forget every fingerprint stored under ``id``; True if there was one.
+
+        Costs a scan of the ids (O(n)); dead rows are dropped once they are half of all rows.
+        """
+        rows = [r for r, x in enumerate(self._ids) if x == id and self._alive[r]]
+        if not rows:
+            return False
+        self._alive[rows] = False
+        self._dead += len(rows)
+        if self._dead * 2 > self._n:
+            self._compact()
+        return True
+
+    # --------------------------------------------------------------- reads
+    def search(self, fingerprints: Iterable[int] | np.ndarray, k: int | None = None) -> Matches:
+        """All (query, row, distance) with distance <= ``k`` (default: the index's k).
+
+        A smaller ``k`` than the index's is allowed; a larger one would not be exact.
+        """
+        k = self.k if k is None else k
+        if not 0 <= k <= self.k:
+            raise ValueError(f"this index answers k in 0..{self.k}, got k={k}")
+        fps = _as_fps(fingerprints)
+        empty = np.empty(0, np.int64)
+        if len(fps) == 0 or not self._runs:
+            return Matches(empty, empty, empty)
+        needles = self.design.packed_keys(fps).ravel()  # table-major: needle i -> query i % q
+        found_q, found_r = [], []
+        for run in self._runs:
+            which, rows = run.lookup(needles)
+            found_q.append(which % len(fps))
+            found_r.append(rows)
+        pair = np.unique((np.concatenate(found_q) << 32) | np.concatenate(found_r))
+        query, row = pair >> 32, pair & 0xFFFFFFFF
+        dist = hamming_many(fps[query], self._fps[row])
+        keep = (dist <= k) & self._alive[row]
+        query, row, dist = query[keep], row[keep], dist[keep]
+        order = np.lexsort((row, dist, query))
+        return Matches(query[order], row[order], dist[order])
+
+    def query_many(
+        self, fingerprints: Iterable[int] | np.ndarray, k: int | None = None
+    ) -> list[list[tuple[Hashable, int]]]:
+        """For each fingerprint, its (id, distance) matches, nearest first (then oldest)."""
+        fps = _as_fps(fingerprints)
+        found = self.search(fps, k)
+        out: list[list[tuple[Hashable, int]]] = [[] for _ in range(len(fps))]
+        ids = self._ids
+        for q, r, d in zip(found.query.tolist(), found.row.tolist(), found.distance.tolist()):
+            out[q].append((ids[r], d))
+        return out
+
+    def query(self, fingerprint: int, k: int | None = None) -> list[tuple[Hashable, int]]:
+        """The (id, distance) of every stored fingerprint within ``k`` bits, nearest first."""
+        return self.query_many([fingerprint], k)[0]
+
+    def nearest_many(
+        self, fingerprints: Iterable[int] | np.ndarray, k: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """For each fingerprint the nearest (then oldest) row within ``k``, or -1; and distances."""
+        fps = _as_fps(fingerprints)
+        found = self.search(fps, k)
+        best_row = np.full(len(fps), -1, dtype=np.int64)
+        best_dist = np.full(len(fps), -1, dtype=np.int64)
+        first = np.ones(len(found.query), dtype=bool)
+        first[1:] = found.query[1:] != found.query[:-1]
+        best_row[found.query[first]] = found.row[first]
+        best_dist[found.query[first]] = found.distance[first]
+        return best_row, best_dist
+
+    def id_of(self, row: int) -> Hashable:
+        """The id stored at a row returned by :meth:`search` or :meth:`nearest_many`."""
+        return self._ids[row]
+
+    def fingerprint_of(self, row: int) -> int:
+        return int(self._fps[row])
+
+    # ------------------------------------------------------------ internals
+    def _build_run(self, fps: np.ndarray, rows: np.ndarray) -> _Run:
+        keys = self.design.packed_keys(fps).ravel()
+        order = np.argsort(keys, kind="stable")
+        return _Run(keys[order], np.tile(rows, self.design.n_tables)[order])
+
+    def _reserve(self, n: int) -> None:
+        if n <= len(self._fps):
+            return
+        cap = max(n, len(self._fps) * 3 // 2)
+        self._fps = np.resize(self._fps, cap)
+        alive = np.zeros(cap, dtype=bool)
+        alive[: self._n] = self._alive[: self._n]
+        self._alive = alive
+
+    def _compact(self) -> None:
+        live = np.flatnonzero(self._alive[: self._n])
+        fps = self._fps[live].copy()
+        self._ids = [self._ids[r] for r in live.tolist()]
+        self._n, self._dead = len(live), 0
+        self._fps[: self._n] = fps
+        self._alive[:] = False
+        self._alive[: self._n] = True
+        self._runs = [self._build_run(fps, np.arange(self._n, dtype=np.uint32))] if self._n else []
+
+
+def _as_fps(fingerprints: Iterable[int] | np.ndarray) -> np.ndarray:
+    if isinstance(fingerprints, np.ndarray):
+        if fingerprints.dtype == np.uint64:
+            return fingerprints.ravel()
+        if fingerprints.dtype.kind not in "iu" or (fingerprints < 0).any():
+            raise ValueError("fingerprints must be integers in [0, 2**64)")
+        return fingerprints.astype(np.uint64).ravel()
+    values = list(fingerprints)
+    for v in values:
+        if not isinstance(v, (int, np.integer)) or not 0 <= v < 2**64:
+            raise ValueError(f"a fingerprint is an int in [0, 2**64), got {v!r}")
+    return np.array(values, dtype=np.uint64)

@@ -1,0 +1,114 @@
+"""Charikar's simhash (STOC 2002) over 64-bit feature hashes, accumulated in numpy.
+
+For each bit position add a feature's weight when its hash has the bit set and subtract it
+when not; the signs of the 64 sums are the fingerprint.  Every occurrence of a feature is one
+vote, so a feature's weight is its frequency in the page.
+
+The accumulation is batched: the features of many pages are counted in one ``np.bincount``
+over (page, byte position, byte value), and a small table turns byte-value counts into
+bit counts::
+
+    feature hash (little-endian bytes)  b0 b1 ... b7
+    bincount index   page * 2048  +  j * 256  +  b_j     (j = 0..7)
+    counts[page, j, v] @ BITS[v, i]  ->  ones[page, 8j + i]
+
+Bit ``i`` of the fingerprint is 1 when more than half the feature weight has bit ``i`` set.
+
+>>> from streamdedup.features import text_shingles
+>>> a = simhash(text_shingles("the quick brown fox jumps over the lazy dog"))
+>>> b = simhash(text_shingles("the quick brown fox jumped over the lazy dog"))
+>>> f"{a:016x}", hamming(a, b) < hamming(a, simhash(text_shingles("lorem ipsum dolor sit")))
+('9c2619a622935fe2', True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["simhash", "simhash_many", "hamming", "hamming_many", "to_hex", "from_hex"]
+
+# BITS[v, i] = bit i of byte value v
+_BITS = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little").astype(
+    np.float64
+)
+_LANE = (np.arange(8, dtype=np.int64) * 256)[None, :]
+
+
+def simhash_many(features: Sequence[np.ndarray]) -> np.ndarray:
+    """Fingerprints of many pages at once, one ``uint64`` per feature array.
+
+    A page without features gets fingerprint 0.
+
+    >>> fps = simhash_many([np.array([1, 2, 3], dtype=np.uint64), np.array([], dtype=np.uint64)])
+    >>> [f"{int(f):016x}" for f in fps]
+    ['0000000000000003', '0000000000000000']
+    """
+    n_pages = len(features)
+    if n_pages == 0:
+        return np.empty(0, dtype=np.uint64)
+    lengths = np.fromiter((len(f) for f in features), dtype=np.int64, count=n_pages)
+    flat = np.concatenate(features).astype("<u8", copy=False)
+    page = np.repeat(np.arange(n_pages, dtype=np.int64), lengths)
+    # (n_features, 8) byte values, offset into the page's 2048-bin slice.
+    index = flat.view(np.uint8).reshape(-1, 8).astype(np.int64)
+    index += _LANE
+    index += (page * 2048)[:, None]
+    counts = np.bincount(index.ravel(), minlength=n_pages * 2048).reshape(n_pages, 8, 256)
+    ones = (counts @ _BITS).reshape(n_pages, 64)  # ones[p, 8j + i]: features with that bit set
+    bits = (2 * ones > lengths[:, None]).astype(np.uint8)
+    return np.packbits(bits, axis=1, bitorder="little").view("<u8").ravel().astype(np.uint64)
+
+
+def simhash(features: np.ndarray) -> int:
+    """Fingerprint of one page's feature hashes, as an ``int`` in [0, 2**64).
+
+    >>> simhash(np.array([0xFF, 0x0F, 0x01], dtype=np.uint64))
+    15
+    """
+    return int(simhash_many([features])[0])
+
+
+def hamming(a: int, b: int) -> int:
+    """Number of differing bits.
+
+    >>> hamming(0b1011, 0b0001)
+    2
+    """
+    return (a ^ b).bit_count()
+
+
+# popcount of every byte value, for distances over arrays
+_POP8 = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1).sum(axis=1).astype(np.uint8)
+
+
+def hamming_many(a: np.ndarray | int, b: np.ndarray) -> np.ndarray:
+    """Element-wise Hamming distances of ``uint64`` arrays (or a scalar against an array).
+
+    >>> hamming_many(np.uint64(7), np.array([0, 1, 7], dtype=np.uint64)).tolist()
+    [3, 2, 0]
+    """
+    x = np.bitwise_xor(np.asarray(a, dtype=np.uint64), np.asarray(b, dtype=np.uint64))
+    x = np.ascontiguousarray(x, dtype="<u8")
+    return _POP8[x.view(np.uint8)].reshape(*x.shape, 8).sum(axis=-1, dtype=np.int64)
+
+
+def to_hex(fp: int) -> str:
+    """The wire format of a fingerprint: 16 lower-case hex digits.
+
+    >>> to_hex(255)
+    '00000000000000ff'
+    """
+    return f"{fp:016x}"
+
+
+def from_hex(text: str) -> int:
+    """Parse :func:`to_hex` output; rejects anything that is not 1-16 hex digits.
+
+    >>> from_hex("00000000000000ff")
+    255
+    """
+    if not 0 < len(text) <= 16:
+        raise ValueError(f"a fingerprint is 16 hex digits, got {text!r}")
+    return int(text, 16)
