@@ -1,0 +1,38 @@
+"""streamdedup: near-duplicate detection for web crawls.
+
+The algorithm core (this package minus ``streamdedup.stream``) imports nothing from faust or
+aiokafka: use it offline, from a notebook or a batch job.
+
+>>> import streamdedup
+>>> a = streamdedup.fingerprint("<html><body><p>The quick brown fox jumps over the lazy dog</p></body></html>")
+>>> b = streamdedup.fingerprint("The quick brown fox jumps over the lazy dog", "text/plain")
+>>> streamdedup.hamming(a, b)
+0
+>>> index = streamdedup.HammingIndex(k=3)
+>>> index.add_many(["page-1"], [a])
+>>> index.query(b)
+[('page-1', 0)]
+"""
+
+__version__ = "0.1.0"
+
+from .dedup import Deduplicator, Verdict
+from .fingerprint import fingerprint
+from .index import HammingIndex
+from .lsh import LSHIndex
+from .minhash import MinHash, minhash_signature
+from .simhash import hamming
+from .tables import TableDesign
+
+__all__ = [
+    "__version__",
+    "fingerprint",
+    "hamming",
+    "HammingIndex",
+    "TableDesign",
+    "MinHash",
+    "minhash_signature",
+    "LSHIndex",
+    "Deduplicator",
+    "Verdict",
+]

@@ -3,9 +3,9 @@
 Layout (Manku et al. 2007, with the tables kept as sorted numpy runs)::
 
     row r:   fps[r] (uint64)   alive[r] (bool)   ids[r]          one row per added fingerprint
-    run:     keys  uint32[T*n] sorted   (table << (32-t) | table key, see tables.py)
-             rows  uint32[T*n]          the row each key belongs to
-             dir   offsets of the 2**D buckets of the keys' top D bits (about 4 keys a bucket)
+    run:     entries uint64[T*n] sorted: key << 32 | row, where key is the uint32
+                     table << (32-t) | table key (see tables.py)
+             dir     offsets of the 2**D buckets of the keys' top D bits (~4 keys a bucket)
 
 A query packs its T table keys, looks each up in every run through the bucket directory
 (no binary search over hundreds of millions of keys), keeps the exact key matches, and checks
@@ -15,8 +15,9 @@ number sits in the top bits of the key.
 
 Inserts are log-structured: a batch becomes a small sorted run, and the newest run is merged
 into the one before it while it is at least as large (a binary counter), so there are
-O(log n) runs and each entry is copied O(log n) times, by linear merges (two ``searchsorted``
-and one scatter).  Small runs are binary-searched; big ones get their directory on first use.
+O(log n) runs and each entry is copied O(log n) times, by linear merges (numpy's stable
+sort is timsort, which merges two sorted runs in linear time).  Small runs are
+binary-searched; big ones get their directory on first use.
 ``remove`` marks a row dead; dead rows are dropped when they are half of all rows.
 
 >>> idx = HammingIndex(k=3)
@@ -50,71 +51,64 @@ class Matches:
 
 
 class _Run:
-    """One sorted run of packed keys with its bucket directory."""
+    """One sorted run of entries ``key << 32 | row`` (uint64), with a bucket directory."""
 
-    __slots__ = ("keys", "rows", "_dir", "_shift")
+    __slots__ = ("entries", "_dir", "_shift")
 
-    #: Runs smaller than this are searched by binary search: they sit in cache anyway.
+    #: Runs smaller than this are binary-searched: they sit in cache anyway.
     DIRECTORY_MIN = 1 << 16
 
-    def __init__(self, keys: np.ndarray, rows: np.ndarray) -> None:
-        self.keys, self.rows = keys, rows
+    def __init__(self, entries: np.ndarray) -> None:
+        self.entries = entries
         self._dir: np.ndarray | None = None
-        self._shift = np.uint32(0)
-
-    def _directory(self) -> np.ndarray:
-        """Bucket offsets over the keys' top bits, built on first use (about 4 keys a bucket)."""
-        if self._dir is None:
-            bits = int(np.clip(len(self.keys).bit_length() - 2, 1, 26))
-            self._shift = np.uint32(32 - bits)
-            bounds = np.arange(1 << bits, dtype=np.uint64) << np.uint64(32 - bits)
-            offsets = np.empty((1 << bits) + 1, dtype=np.int64)
-            offsets[:-1] = np.searchsorted(self.keys, bounds.astype(np.uint32))
-            offsets[-1] = len(self.keys)
-            self._dir = offsets.astype(np.uint32) if len(self.keys) < 2**32 else offsets
-        return self._dir
+        self._shift = np.uint64(0)
 
     def __len__(self) -> int:
-        return len(self.keys)
+        return len(self.entries)
 
     @property
     def nbytes(self) -> int:
-        directory = 0 if self._dir is None else self._dir.nbytes
-        return self.keys.nbytes + self.rows.nbytes + directory
+        return self.entries.nbytes + (0 if self._dir is None else self._dir.nbytes)
+
+    def _directory(self) -> np.ndarray:
+        """Offsets of the buckets of the keys' top bits, built on first use (~4 keys a bucket)."""
+        if self._dir is None:
+            bits = int(np.clip(len(self.entries).bit_length() - 2, 1, 26))
+            self._shift = np.uint64(64 - bits)
+            bounds = np.arange((1 << bits) + 1, dtype=np.uint64)
+            offsets = np.searchsorted(self.entries, bounds[:-1] << self._shift)
+            self._dir = np.append(offsets, len(self.entries)).astype(
+                np.uint32 if len(self.entries) < 2**32 else np.int64
+            )
+        return self._dir
 
     def lookup(self, needles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(needle index, row) for every key equal to a needle."""
-        if len(self.keys) < self.DIRECTORY_MIN:
-            lo = np.searchsorted(self.keys, needles, side="left")
-            counts = np.searchsorted(self.keys, needles, side="right") - lo
+        """(needle index, row) for every entry whose key equals a needle (uint32 keys)."""
+        wide = needles.astype(np.uint64) << np.uint64(32)
+        if len(self.entries) < self.DIRECTORY_MIN:
+            lo = np.searchsorted(self.entries, wide, side="left")
+            counts = np.searchsorted(self.entries, wide | np.uint64(0xFFFFFFFF), side="right") - lo
         else:
             directory = self._directory()
-            bucket = needles >> self._shift
+            bucket = wide >> self._shift
             lo = directory[bucket].astype(np.int64)
-            counts = directory[bucket + 1].astype(np.int64) - lo
+            counts = directory[bucket + np.uint64(1)].astype(np.int64) - lo
         total = int(counts.sum())
         if total == 0:
             return np.empty(0, np.int64), np.empty(0, np.int64)
         which = np.repeat(np.arange(len(needles)), counts)
-        # position = lo of its needle + rank within that needle's bucket
+        # position = lo of its needle + rank within that needle's range
         pos = np.arange(total) - np.repeat(np.cumsum(counts) - counts - lo, counts)
-        hit = self.keys[pos] == needles[which]
-        return which[hit], self.rows[pos[hit]].astype(np.int64)
+        found = self.entries[pos]
+        hit = (found >> np.uint64(32)) == needles[which]
+        return which[hit], (found[hit] & np.uint64(0xFFFFFFFF)).astype(np.int64)
 
     @staticmethod
     def merge(old: "_Run", new: "_Run") -> "_Run":
-        """A linear merge: each new key goes after the equal old keys."""
-        n = len(old) + len(new)
-        keys = np.empty(n, dtype=np.uint32)
-        rows = np.empty(n, dtype=np.uint32)
-        # final position = own rank + number of keys from the other run that go before it
-        at = np.searchsorted(old.keys, new.keys, side="right")
-        at += np.arange(len(new.keys))
-        keys[at], rows[at] = new.keys, new.rows
-        at = np.searchsorted(new.keys, old.keys, side="left")
-        at += np.arange(len(old.keys))
-        keys[at], rows[at] = old.keys, old.rows
-        return _Run(keys, rows)
+        """Two sorted runs into one: numpy's stable sort is timsort, linear on two runs."""
+        entries = np.concatenate((old.entries, new.entries))
+        entries.sort(kind="stable")
+        return _Run(entries)
 
 
 class HammingIndex:
@@ -262,9 +256,10 @@ class HammingIndex:
 
     # ------------------------------------------------------------ internals
     def _build_run(self, fps: np.ndarray, rows: np.ndarray) -> _Run:
-        keys = self.design.packed_keys(fps).ravel()
-        order = np.argsort(keys, kind="stable")
-        return _Run(keys[order], np.tile(rows, self.design.n_tables)[order])
+        entries = self.design.packed_keys(fps).ravel().astype(np.uint64) << np.uint64(32)
+        entries |= np.tile(rows.astype(np.uint64), self.design.n_tables)
+        entries.sort()
+        return _Run(entries)
 
     def _reserve(self, n: int) -> None:
         if n <= len(self._fps):

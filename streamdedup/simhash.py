@@ -90,8 +90,8 @@ def hamming_many(a: np.ndarray | int, b: np.ndarray) -> np.ndarray:
     [3, 2, 0]
     """
     x = np.bitwise_xor(np.asarray(a, dtype=np.uint64), np.asarray(b, dtype=np.uint64))
-    x = np.ascontiguousarray(x, dtype="<u8")
-    return _POP8[x.view(np.uint8)].reshape(*x.shape, 8).sum(axis=-1, dtype=np.int64)
+    flat = np.ascontiguousarray(x.reshape(-1), dtype="<u8")
+    return _POP8[flat.view(np.uint8)].reshape(-1, 8).sum(axis=1, dtype=np.int64).reshape(x.shape)
 
 
 def to_hex(fp: int) -> str:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import combinations
+from math import comb
 
 import numpy as np
 
@@ -94,9 +95,15 @@ class TableDesign:
                 f"each level needs more blocks than k = {self.k} (got levels={self.levels}); "
                 f"try levels=({self.k + 1}, {self.k + 1})"
             )
+        n_tables, bits = 1, 64
+        for b in self.levels:
+            if b > bits:
+                raise ValueError(f"levels={self.levels} splits {bits} bits into {b} blocks; use fewer blocks")
+            n_tables *= comb(b, b - self.k)
+            bits -= (b - self.k) * (bits // b)
+        if n_tables > 4096:
+            raise ValueError(f"levels={self.levels} gives {n_tables} tables; use fewer blocks or levels")
         tables = _tables(list(range(64)), self.k, tuple(self.levels))
-        if len(tables) > 4096:
-            raise ValueError(f"levels={self.levels} gives {len(tables)} tables; use fewer blocks")
         object.__setattr__(self, "keys", tuple(tuple(t) for t in tables))
 
     @classmethod

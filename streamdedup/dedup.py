@@ -1,0 +1,208 @@
+"""In-order near-duplicate detection: each page against every earlier page, one batch at a time.
+
+This is the embedded engine behind ``streamdedup scan``.  Pages are numbered in arrival
+order; a page is a near-duplicate when an *earlier* page with a *different id* is close
+enough.  The same id arriving again is a re-fetch of the same page: it is compared with other
+pages only, never with its own earlier fetches (a page is never a duplicate of itself).
+Every page is stored, near-duplicates too, so chains of copies keep resolving to the first.
+
+Algorithms:
+
+``simhash``   a stored fingerprint within ``k`` bits (Manku's tables); the match is the
+              nearest, then the oldest.
+``minhash``   LSH banding finds candidates; the match is the one with the highest estimated
+              resemblance, if it reaches ``threshold``.
+``combined``  Henzinger (2006): simhash candidates within ``k`` bits, kept only when their
+              MinHash resemblance reaches ``threshold``; this trades a little recall for
+              precision.
+
+>>> d = Deduplicator()
+>>> [v.verdict for v in d.process(["a", "b"], ["u1", "u2"], ["one two three four"] * 2)]
+['unique', 'near_duplicate']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import xxhash
+
+from .fingerprint import Fingerprints
+from .index import HammingIndex
+from .lsh import LSHIndex
+from .simhash import to_hex
+from .tables import TableDesign
+
+__all__ = ["ALGORITHMS", "Verdict", "Deduplicator"]
+
+ALGORITHMS = ("simhash", "minhash", "combined")
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The answer for one page.  Match fields are None for a unique page."""
+
+    id: str
+    url: str
+    verdict: str  # "unique" | "near_duplicate"
+    fingerprint: int
+    match_id: str | None = None
+    match_url: str | None = None
+    distance: int | None = None  # Hamming distance of the two simhash fingerprints
+    similarity: float | None = None  # estimated resemblance (minhash and combined)
+
+    @property
+    def is_duplicate(self) -> bool:
+        return self.verdict == "near_duplicate"
+
+    def to_dict(self) -> dict:
+        out = {
+            "id": self.id,
+            "url": self.url,
+            "verdict": self.verdict,
+            "fingerprint": to_hex(self.fingerprint),
+            "match_id": self.match_id,
+            "match_url": self.match_url,
+            "distance": self.distance,
+        }
+        if self.similarity is not None:
+            out["similarity"] = round(self.similarity, 4)
+        return out
+
+
+class Deduplicator:
+    """Holds every page seen so far and judges new batches against them, in order."""
+
+    def __init__(
+        self,
+        algorithm: str = "simhash",
+        k: int = 3,
+        design: TableDesign | str | None = None,
+        threshold: float = 0.8,
+        num_perm: int = 128,
+    ) -> None:
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
+        if not 0.0 < threshold < 1.0:
+            raise ValueError(f"threshold must be between 0 and 1 (exclusive), got {threshold}")
+        self.algorithm, self.k, self.threshold, self.num_perm = algorithm, k, threshold, num_perm
+        self._index = HammingIndex(k=k, design=design) if algorithm != "minhash" else None
+        self._lsh = LSHIndex(threshold=threshold, num_perm=num_perm) if algorithm == "minhash" else None
+        self._sigs = _Column((num_perm,))  # combined: MinHash signatures by row
+        self._fps = _Column(())
+        self._id_hash = _Column(())
+        self._ids: list[str] = []
+        self._urls: list[str] = []
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes in numpy arrays (index, fingerprints, signatures); ids and urls not counted."""
+        structure = self._index.nbytes if self._index is not None else self._lsh.nbytes
+        return structure + self._fps.nbytes + self._id_hash.nbytes + self._sigs.nbytes
+
+    def process(self, ids: Sequence[str], urls: Sequence[str], texts: Sequence[str]) -> list[Verdict]:
+        """Verdicts for a batch of pages given by id, url and visible text, in order."""
+        n = len(ids)
+        if not n == len(urls) == len(texts):
+            raise ValueError("ids, urls and texts must have the same length")
+        if n == 0:
+            return []
+        fp = Fingerprints(texts, self.num_perm)
+        base = len(self._ids)
+        rows = np.arange(base, base + n)
+        self._ids.extend(ids)
+        self._urls.extend(urls)
+        self._fps.extend(fp.simhash)
+        self._id_hash.extend(_id_hashes(ids))
+        # Store the batch first, then keep only matches on earlier rows: pages of one batch
+        # are compared with the pages before them in the same batch too.
+        if self.algorithm == "minhash":
+            self._lsh.add_many(rows.tolist(), fp.minhash)
+            query, row, score = self._minhash_candidates(fp.minhash)
+        else:
+            self._index.add_many(rows.tolist(), fp.simhash)
+            found = self._index.search(fp.simhash)
+            query, row = found.query, found.row
+            score = -found.distance.astype(np.float64)
+            if self.algorithm == "combined":
+                self._sigs.extend(fp.minhash)
+                query, row, score = self._verify(query, row, fp.minhash)
+        return self._verdicts(base, query, row, score, fp.simhash)
+
+    # ------------------------------------------------------------------ internals
+    def _minhash_candidates(self, sigs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        query, row, score = [], [], []
+        for q, cands in enumerate(self._lsh.query_many(sigs)):
+            for cand_row, resemblance in cands:
+                query.append(q)
+                row.append(cand_row)
+                score.append(resemblance)
+        query_a, row_a, score_a = np.array(query, np.int64), np.array(row, np.int64), np.array(score)
+        keep = score_a >= self.threshold
+        return query_a[keep], row_a[keep], score_a[keep]
+
+    def _verify(self, query: np.ndarray, row: np.ndarray, sigs: np.ndarray):
+        resemblance = (self._sigs.data[row] == sigs[query]).mean(axis=1)
+        keep = resemblance >= self.threshold
+        return query[keep], row[keep], resemblance[keep]
+
+    def _verdicts(self, base: int, query: np.ndarray, row: np.ndarray, score: np.ndarray,
+                  fps: np.ndarray) -> list[Verdict]:
+        own = base + query
+        id_hash = self._id_hash.data
+        keep = (row < own) & (id_hash[row] != id_hash[own])
+        query, row, score = query[keep], row[keep], score[keep]
+        # best = highest score (smallest distance / highest resemblance), then oldest row
+        order = np.lexsort((row, -score, query))
+        query, row, score = query[order], row[order], score[order]
+        first = np.ones(len(query), dtype=bool)
+        first[1:] = query[1:] != query[:-1]
+        best = dict(zip(query[first].tolist(), zip(row[first].tolist(), score[first].tolist())))
+        out = []
+        for q in range(len(fps)):
+            r = base + q
+            fp = int(fps[q])
+            if q not in best:
+                out.append(Verdict(self._ids[r], self._urls[r], "unique", fp))
+                continue
+            m, s = best[q]
+            distance = (fp ^ int(self._fps.data[m])).bit_count()
+            similarity = None if self.algorithm == "simhash" else float(s)
+            out.append(Verdict(self._ids[r], self._urls[r], "near_duplicate", fp,
+                               self._ids[m], self._urls[m], distance, similarity))
+        return out
+
+
+class _Column:
+    """A uint64 array that grows by appending, with amortised O(1) cost per row."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self._buf = np.empty((64, *shape), dtype=np.uint64)
+        self._n = 0
+
+    @property
+    def data(self) -> np.ndarray:
+        return self._buf[: self._n]
+
+    @property
+    def nbytes(self) -> int:
+        return self._buf.nbytes
+
+    def extend(self, rows: np.ndarray) -> None:
+        need = self._n + len(rows)
+        if need > len(self._buf):
+            grown = np.empty((max(need, 2 * len(self._buf)), *self._buf.shape[1:]), dtype=np.uint64)
+            grown[: self._n] = self._buf[: self._n]
+            self._buf = grown
+        self._buf[self._n : need] = rows
+        self._n = need
+
+
+def _id_hashes(ids: Sequence[str]) -> np.ndarray:
+    return np.fromiter((xxhash.xxh3_64_intdigest(i.encode("utf-8", "surrogatepass")) for i in ids),
+                       dtype=np.uint64, count=len(ids))

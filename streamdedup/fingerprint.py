@@ -1,0 +1,65 @@
+"""Page -> visible text -> features -> fingerprints: the stages that scan and the worker share.
+
+>>> f"{fingerprint('<p>Hello <b>world</b></p>'):016x}" == f"{fingerprint('Hello world', 'text/plain'):016x}"
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .features import text_shingles
+from .minhash import minhash_signatures
+from .records import Page
+from .simhash import simhash_many
+from .text import visible_text
+
+__all__ = ["SHINGLE_WORDS", "fingerprint", "page_text", "simhash_texts", "Fingerprints", "fingerprint_texts"]
+
+#: Words per shingle, for simhash and MinHash alike.
+SHINGLE_WORDS = 3
+
+
+def page_text(page: Page) -> str:
+    """The visible main text of a page (raises :class:`streamdedup.text.PageError`)."""
+    return visible_text(page.content, page.content_type, page.charset)
+
+
+def fingerprint(content: str | bytes, content_type: str | None = "text/html") -> int:
+    """The 64-bit simhash of a page's visible text, as an ``int``.
+
+    ``content_type=None`` sniffs HTML versus plain text.  The same content gives the same
+    bits on every machine and in every process.
+    """
+    return int(simhash_texts([visible_text(content, content_type)])[0])
+
+
+def simhash_texts(texts: Sequence[str]) -> np.ndarray:
+    """Simhash fingerprints (``uint64``) of visible texts, computed as one batch."""
+    return simhash_many([text_shingles(t, SHINGLE_WORDS) for t in texts])
+
+
+class Fingerprints:
+    """Everything an algorithm needs about a batch of texts, each part computed once."""
+
+    __slots__ = ("simhash", "shingles", "_minhash", "_num_perm")
+
+    def __init__(self, texts: Sequence[str], num_perm: int = 128) -> None:
+        self.shingles = [text_shingles(t, SHINGLE_WORDS) for t in texts]
+        self.simhash = simhash_many(self.shingles)
+        self._minhash: np.ndarray | None = None
+        self._num_perm = num_perm
+
+    @property
+    def minhash(self) -> np.ndarray:
+        """MinHash signatures, shape (n, num_perm), computed on first use."""
+        if self._minhash is None:
+            self._minhash = minhash_signatures(self.shingles, num_perm=self._num_perm)
+        return self._minhash
+
+
+def fingerprint_texts(texts: Sequence[str], num_perm: int = 128) -> Fingerprints:
+    """Fingerprints of a batch of visible texts."""
+    return Fingerprints(texts, num_perm)

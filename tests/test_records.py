@@ -1,0 +1,97 @@
+"""The record contract: every kind of bad input is a BadRecord with its reason, never a crash;
+JSON lines and WARC files are read with numbers for error reports."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from warcio.statusandheaders import StatusAndHeaders
+from warcio.warcwriter import WARCWriter
+
+from streamdedup.records import BadRecord, Page, page_from_json, read_jsonl, read_pages, read_warc
+
+
+def test_good_record_and_defaults():
+    page = page_from_json(json.dumps({"url": "http://x/a", "content": "<p>hi</p>", "fetched_at": "2026-01-01T00:00:00Z"}))
+    assert page == Page("http://x/a", "http://x/a", "<p>hi</p>", None, None, "2026-01-01T00:00:00Z")
+    assert page_from_json(b'{"url": "u", "content": "c", "id": "p1", "content_type": "text/plain"}').id == "p1"
+
+
+@pytest.mark.parametrize(
+    "raw, reason",
+    [
+        (b"\xff\xfe not utf-8", "not_utf8"),
+        (b"{not json", "not_json"),
+        (b"[1, 2]", "not_object"),
+        (b'{"content": "x"}', "missing_field"),
+        (b'{"url": "u"}', "missing_field"),
+        (b'{"url": "u", "content": null}', "missing_field"),
+        (b'{"url": "u", "content": 5}', "bad_field"),
+        (b'{"url": "u", "content": "x", "id": 7}', "bad_field"),
+        (b'{"url": "  ", "content": "x"}', "missing_field"),
+        (b'{"url": "u", "content": "   "}', "empty"),
+        (b"", "empty"),
+        (b"  \n", "empty"),
+        (b'{"url": "u", "content": "' + b"x" * 200 + b'"}', "too_large"),
+    ],
+)
+def test_bad_records_have_reasons(raw, reason):
+    with pytest.raises(BadRecord) as err:
+        page_from_json(raw, max_bytes=100)
+    assert err.value.reason == reason
+    assert str(err.value).startswith(reason + ": ")
+
+
+@given(st.binary(max_size=300))
+def test_arbitrary_bytes_never_crash(raw):
+    try:
+        page_from_json(raw)
+    except BadRecord:
+        pass
+
+
+def test_jsonl_numbers_lines_and_keeps_going():
+    data = b'{"url": "a", "content": "x"}\n\nnot json\n{"url": "b", "content": "y"}\n'
+    got = [(n, p.id if isinstance(p, Page) else p.reason) for n, p in read_jsonl(io.BytesIO(data))]
+    assert got == [(1, "a"), (3, "not_json"), (4, "b")]
+
+
+def _warc(records: list[tuple[str, bytes, str]], gz: bool) -> bytes:
+    buf = io.BytesIO()
+    writer = WARCWriter(buf, gzip=gz)
+    writer.write_record(writer.create_warcinfo_record("test.warc", {"software": "test"}))
+    for url, body, ctype in records:
+        http = StatusAndHeaders("200 OK", [("Content-Type", ctype)], protocol="HTTP/1.1")
+        writer.write_record(writer.create_warc_record(url, "response", payload=io.BytesIO(body), http_headers=http))
+        writer.write_record(writer.create_warc_record(url, "request", payload=io.BytesIO(b"GET / HTTP/1.1\r\n\r\n")))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_warc_response_records_with_charset(gz, tmp_path):
+    body = "<html><body><p>Café crème</p></body></html>".encode("latin-1")
+    data = _warc([("http://x/1", body, "text/html; charset=ISO-8859-1"), ("http://x/2", b"", "text/html")], gz)
+    path = tmp_path / ("c.warc.gz" if gz else "c.warc")
+    path.write_bytes(data)
+    got = list(read_pages(path))
+    pages = [p for _, p in got if isinstance(p, Page)]
+    assert [(p.url, p.content_type, p.charset) for p in pages] == [("http://x/1", "text/html", "ISO-8859-1")]
+    assert pages[0].content == body and pages[0].fetched_at
+    assert [p.reason for _, p in got if isinstance(p, BadRecord)] == ["empty"]
+
+
+def test_damaged_warc_is_reported_not_raised():
+    data = _warc([("http://x/1", b"<p>ok</p>", "text/html")], gz=True)
+    got = list(read_warc(io.BytesIO(data[: len(data) // 2] + b"garbage" * 50)))
+    assert any(isinstance(p, BadRecord) and p.reason == "bad_warc" for _, p in got)
+
+
+def test_gzipped_jsonl(tmp_path):
+    path = tmp_path / "pages.jsonl.gz"
+    path.write_bytes(gzip.compress(b'{"url": "a", "content": "x"}\n'))
+    assert [p.id for _, p in read_pages(path)] == ["a"]

@@ -1,0 +1,161 @@
+"""`streamdedup scan`, run as a user runs it: JSON lines and WARC in, verdict lines out."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from warcio.statusandheaders import StatusAndHeaders
+from warcio.warcwriter import WARCWriter
+
+from streamdedup import fingerprint, hamming
+from streamdedup.cli import main
+
+VOCAB = ("crawler page index shard table bits block probe fetch mirror session advert counter timestamp "
+         "kafka topic worker stream verdict near duplicate unique simhash minhash shingle window "
+         "river mountain harbour lantern garden violin cobalt saffron meadow glacier").split()
+
+
+def article(seed: int, words: int = 400) -> str:
+    rng = random.Random(seed)
+    paras = [" ".join(rng.choice(VOCAB) for _ in range(50)) for _ in range(words // 50)]
+    return "".join(f"<p>{p}.</p>\n" for p in paras)
+
+
+def html(body: str, footer: str = "", nav: str = "<a href='/'>Home</a>") -> str:
+    return (f"<!doctype html><html><head><title>t</title><script>var x=1;</script></head><body>"
+            f"<nav>{nav}</nav><main>{body}</main><footer>{footer}</footer></body></html>")
+
+
+A, B = article(1), article(2)
+PAGES = [
+    {"url": "http://a.example/1", "content": html(A, "Visits: 1041")},
+    {"url": "http://b.example/x", "content": html(B)},
+    # A with another visit counter and nav: a near-duplicate of the first page
+    {"url": "http://mirror.example/1?session=9", "content": html(A, "Visits: 1042", "<a href='/m'>Mirror</a>")},
+    # markup-only change of A
+    {"url": "http://a.example/1-print", "content": html(A.replace("<p>", "<p class='x'  >"), "Visits: 1041")},
+    {"url": "http://b.example/x", "content": html(B)},  # a re-fetch of the same page
+    {"url": "http://c.example/", "content": html(article(3))},
+]
+
+
+def jsonl(records: list, bad_line: bytes | None = None) -> bytes:
+    lines = [json.dumps(r).encode() for r in records]
+    if bad_line is not None:
+        lines.insert(2, bad_line)
+    return b"\n".join(lines) + b"\n"
+
+
+def run_scan(tmp_path: Path, data: bytes, name: str = "in.jsonl", *args: str):
+    src = tmp_path / name
+    src.write_bytes(data)
+    out = tmp_path / "verdicts.jsonl"
+    result = CliRunner().invoke(main, ["scan", str(src), "--output", str(out), *args])
+    verdicts = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    return result, verdicts
+
+
+def test_simhash_verdicts(tmp_path):
+    result, v = run_scan(tmp_path, jsonl(PAGES))
+    assert result.exit_code == 0, result.output
+    assert [x["verdict"] for x in v] == ["unique", "unique", "near_duplicate", "near_duplicate", "unique", "unique"]
+    assert v[2]["match_id"] == "http://a.example/1" and v[2]["match_url"] == "http://a.example/1"
+    assert v[3]["match_id"] == "http://a.example/1" and v[3]["distance"] == 0  # markup-only: same bits
+    assert set(v[0]) == {"id", "url", "verdict", "fingerprint", "match_id", "match_url", "distance"}
+    assert v[0]["match_id"] is None and v[0]["distance"] is None
+    assert all(len(x["fingerprint"]) == 16 for x in v)
+    assert v[4]["verdict"] == "unique"  # a re-fetch is never a duplicate of itself
+    assert "scanned 6 pages: 2 near_duplicate, 4 unique" in result.output
+
+
+def test_match_is_the_closest_earlier_page(tmp_path):
+    # the first of a fixed list of small edits that lands 1..3 bits away (deterministic)
+    base = fingerprint(html(A))
+    edits = (A.replace(w, "zz", 1) for w in VOCAB)
+    changed = next(e for e in edits if 0 < hamming(fingerprint(html(e)), base) <= 3)
+    recs = [{"url": "u1", "content": html(changed)}, {"url": "u2", "content": html(A)}, {"url": "u3", "content": html(A)}]
+    _, v = run_scan(tmp_path, jsonl(recs))
+    assert v[1]["match_id"] == "u1" and v[1]["distance"] > 0
+    assert v[2]["match_id"] == "u2" and v[2]["distance"] == 0  # nearest wins over oldest
+
+
+@pytest.mark.parametrize("algorithm", ["minhash", "combined"])
+def test_other_algorithms(tmp_path, algorithm):
+    result, v = run_scan(tmp_path, jsonl(PAGES), "in.jsonl", "--algorithm", algorithm)
+    assert result.exit_code == 0, result.output
+    assert [x["verdict"] for x in v] == ["unique", "unique", "near_duplicate", "near_duplicate", "unique", "unique"]
+    assert v[3]["similarity"] == 1.0 and v[3]["match_id"] == "http://a.example/1"
+
+
+def test_bad_record_is_reported_with_its_line_and_skipped(tmp_path):
+    result, v = run_scan(tmp_path, jsonl(PAGES, bad_line=b"{oops"))
+    assert result.exit_code == 0
+    assert len(v) == len(PAGES)
+    assert "record 3: skipped: not_json" in result.output
+    assert "skipped 1 bad records (1 not_json)" in result.output
+
+
+def test_binary_page_is_skipped(tmp_path):
+    recs = PAGES[:2] + [{"url": "http://bin/", "content": "\x00\x01\x02" * 500 + "PNG"}]
+    result, v = run_scan(tmp_path, jsonl(recs))
+    assert len(v) == 2 and "record 3: skipped" in result.output
+
+
+def test_warc_input(tmp_path):
+    buf = io.BytesIO()
+    w = WARCWriter(buf, gzip=True)
+    for rec in PAGES:
+        body = rec["content"].encode("cp1252")
+        http = StatusAndHeaders("200 OK", [("Content-Type", "text/html; charset=windows-1252")], protocol="HTTP/1.1")
+        w.write_record(w.create_warc_record(rec["url"], "response", payload=io.BytesIO(body), http_headers=http))
+    result, v = run_scan(tmp_path, buf.getvalue(), "crawl.warc.gz")
+    assert result.exit_code == 0, result.output
+    assert [x["verdict"] for x in v] == ["unique", "unique", "near_duplicate", "near_duplicate", "unique", "unique"]
+    _, from_jsonl = run_scan(tmp_path, jsonl(PAGES))
+    assert [x["fingerprint"] for x in v] == [x["fingerprint"] for x in from_jsonl]
+
+
+def test_stdin_and_stdout(tmp_path):
+    result = CliRunner().invoke(main, ["scan", "-"], input=jsonl(PAGES[:3]))
+    lines = [json.loads(x) for x in result.stdout.splitlines()]
+    assert [x["verdict"] for x in lines] == ["unique", "unique", "near_duplicate"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--k", "40"], "use a small number of bits"),
+        (["--threshold", "1.5"], "between 0 and 1"),
+        (["--algorithm", "lsh"], "'simhash', 'minhash', 'combined'"),
+        (["--k", "2", "--design", "20"], "named designs are for k=3"),
+        (["--input-format", "pdf"], "'auto', 'jsonl', 'warc'"),
+    ],
+)
+def test_bad_arguments_say_how_to_fix_them(tmp_path, args, message):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(jsonl(PAGES[:1]))
+    proc = subprocess.run([sys.executable, "-m", "streamdedup.cli", "scan", str(src), *args],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_missing_input_file(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "streamdedup.cli", "scan", str(tmp_path / "nope.jsonl")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_progress_bar_when_asked(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(jsonl(PAGES))
+    proc = subprocess.run([sys.executable, "-m", "streamdedup.cli", "scan", str(src), "--progress", "-o", "/dev/null"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and "6 pages" in proc.stderr
