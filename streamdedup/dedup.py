@@ -31,7 +31,7 @@ import xxhash
 
 from .fingerprint import Fingerprints
 from .index import HammingIndex
-from .lsh import LSHIndex
+from .lsh import LSHIndex, choose_bands
 from .simhash import to_hex
 from .tables import TableDesign
 
@@ -89,10 +89,15 @@ class Deduplicator:
             raise ValueError(f"threshold must be between 0 and 1 (exclusive), got {threshold}")
         self.algorithm, self.k, self.threshold, self.num_perm = algorithm, k, threshold, num_perm
         self._index = HammingIndex(k=k, design=design) if algorithm != "minhash" else None
-        self._lsh = LSHIndex(threshold=threshold, num_perm=num_perm) if algorithm == "minhash" else None
-        self._sigs = _Column((num_perm,))  # combined: MinHash signatures by row
-        self._fps = _Column(())
-        self._id_hash = _Column(())
+        if algorithm == "minhash":
+            # Banding weighted against misses: candidates are verified by their estimate anyway.
+            b, r = choose_bands(threshold, num_perm, fp_weight=0.1, fn_weight=0.9)
+            self._lsh = LSHIndex(threshold=threshold, num_perm=num_perm, b=b, r=r)
+        else:
+            self._lsh = None
+        self._sigs = _Column((num_perm,), np.uint32)  # combined: MinHash signatures by row
+        self._fps = _Column((), np.uint64)
+        self._id_hash = _Column((), np.uint64)
         self._ids: list[str] = []
         self._urls: list[str] = []
 
@@ -136,15 +141,8 @@ class Deduplicator:
 
     # ------------------------------------------------------------------ internals
     def _minhash_candidates(self, sigs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        query, row, score = [], [], []
-        for q, cands in enumerate(self._lsh.query_many(sigs)):
-            for cand_row, resemblance in cands:
-                query.append(q)
-                row.append(cand_row)
-                score.append(resemblance)
-        query_a, row_a, score_a = np.array(query, np.int64), np.array(row, np.int64), np.array(score)
-        keep = score_a >= self.threshold
-        return query_a[keep], row_a[keep], score_a[keep]
+        found = self._lsh.search(sigs, min_resemblance=self.threshold)
+        return found.query, found.row, found.resemblance
 
     def _verify(self, query: np.ndarray, row: np.ndarray, sigs: np.ndarray):
         resemblance = (self._sigs.data[row] == sigs[query]).mean(axis=1)
@@ -179,10 +177,10 @@ class Deduplicator:
 
 
 class _Column:
-    """A uint64 array that grows by appending, with amortised O(1) cost per row."""
+    """An array that grows by appending, with amortised O(1) cost per row."""
 
-    def __init__(self, shape: tuple[int, ...]) -> None:
-        self._buf = np.empty((64, *shape), dtype=np.uint64)
+    def __init__(self, shape: tuple[int, ...], dtype: type) -> None:
+        self._buf = np.empty((64, *shape), dtype=dtype)
         self._n = 0
 
     @property
@@ -196,7 +194,7 @@ class _Column:
     def extend(self, rows: np.ndarray) -> None:
         need = self._n + len(rows)
         if need > len(self._buf):
-            grown = np.empty((max(need, 2 * len(self._buf)), *self._buf.shape[1:]), dtype=np.uint64)
+            grown = np.empty((max(need, 2 * len(self._buf)), *self._buf.shape[1:]), dtype=self._buf.dtype)
             grown[: self._n] = self._buf[: self._n]
             self._buf = grown
         self._buf[self._n : need] = rows

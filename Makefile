@@ -1,0 +1,37 @@
+# Set-up and everyday commands.  Every target installs what it needs first, so on a fresh
+# machine `make demo` and `make test` are all there is to type.
+#
+#   make demo    scan a sample crawl and print a summary
+#   make test    the whole test suite (what CI runs)
+#   make bench   the benchmarks under bench/ (by hand; slow; see bench/README.md)
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMPS := .stamps
+
+.PHONY: test demo install bench clean
+
+install: $(STAMPS)/python
+
+$(STAMPS)/python: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "streamdedup needs Python >= 3.11; set PYTHON=python3.11")'
+	@mkdir -p $(STAMPS)
+	@echo "== installing streamdedup and its test dependencies into $(VENV)"
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	@touch $@
+
+test: install
+	$(PY) -m pytest
+
+demo: install
+	$(PY) -m streamdedup.demo
+
+bench: install
+	$(PY) -m pip install --quiet -e '.[bench]'
+	@echo "see bench/README.md for the benchmark commands"
+
+clean:
+	rm -rf $(VENV) $(STAMPS) bench/out
