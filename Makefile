@@ -12,7 +12,7 @@ STAMPS := .stamps
 
 .PHONY: test demo install bench clean
 
-install: $(STAMPS)/python
+install: $(STAMPS)/python $(STAMPS)/debian $(STAMPS)/kafka
 
 $(STAMPS)/python: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "streamdedup needs Python >= 3.11; set PYTHON=python3.11")'
@@ -21,6 +21,18 @@ $(STAMPS)/python: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
+	@touch $@
+
+# kcat (a Kafka client we did not write) and prometheus, from Debian
+$(STAMPS)/debian: deploy/local/install-debian-packages.sh
+	@mkdir -p $(STAMPS)
+	bash deploy/local/install-debian-packages.sh
+	@touch $@
+
+# Apache Kafka's jars from Maven Central, for the local broker (deploy/local/kafka.sh)
+$(STAMPS)/kafka: deploy/local/pom.xml
+	@mkdir -p $(STAMPS)
+	deploy/local/kafka.sh install
 	@touch $@
 
 test: install

@@ -18,7 +18,7 @@ import pytest
 import streamdedup.lsh as lsh
 from streamdedup.features import text_shingles
 from streamdedup.lsh import Candidates, LSHIndex, choose_bands, s_curve, threshold_of
-from streamdedup.minhash import jaccard_exact, minhash_signature, minhash_signatures
+from streamdedup.minhash import jaccard_exact, minhash_signatures
 
 LICENSES = Path("/usr/share/common-licenses")
 NAMES = ["Apache-2.0", "Artistic", "BSD", "CC0-1.0", "GFDL-1.2", "GFDL-1.3", "GPL-1", "GPL-2",
