@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from streamdedup.dedup import Deduplicator
-from streamdedup.fingerprint import SHINGLE_WORDS, simhash_texts
+from streamdedup.fingerprint import SIMHASH_WORDS, simhash_texts
 from streamdedup.records import read_jsonl
 from streamdedup.scan import scan_pages
 from streamdedup.text import visible_text
@@ -76,7 +76,7 @@ def main() -> None:
     html_kb = sum(len(p["content"]) for p in html_pages) / len(html_pages) / 1024
     print(f"# {platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}; "
           f"{len(texts)} pages, {words:.0f} words of text and {html_kb:.1f} KiB of HTML on average; "
-          f"{SHINGLE_WORDS}-word shingles, batches of {BATCH}")
+          f"{SIMHASH_WORDS}-word simhash shingles, batches of {BATCH}")
     runs = []
     for _ in range(args.runs):
         r = one_run(html_pages, texts, jsonl_text)

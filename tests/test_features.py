@@ -67,3 +67,13 @@ def test_same_hashes_in_another_process():
     runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONHASHSEED": seed, "PATH": ""}).stdout for seed in ("1", "2")]
     assert runs[0] == runs[1] == f"{text_shingles('Même texte, 同じ').tolist()}\n"
+
+
+@given(st.text(max_size=300))
+def test_fast_split_equals_the_word_rule_on_any_text(text):
+    """The mixed fast path (bytes split, regex on non-ASCII tokens) is the regex rule itself."""
+    assert words(text) == features._WORD_RE.findall(text.lower())
+
+
+def test_mostly_ascii_text_with_unicode_punctuation():
+    assert words("modules¶ — “quoted” café") == ["modules", "quoted", "café"]

@@ -1,0 +1,70 @@
+"""Click options for every :class:`~streamdedup.settings.Settings` field.
+
+The options are generated from the Settings table, take strings (the bool one is a
+``--x/--no-x`` pair) and default to None, so :meth:`Settings.from_sources` sees only the flags
+that were given and does all parsing and checking itself.  Click's own ``envvar`` is not used:
+the environment is resolved by Settings, so an error can name both the flag and the env var.
+
+    @main.command()
+    @settings_options
+    def worker(**params):
+        settings = settings_from_click(params)  # bad value: usage error, exit 2
+        run_worker(settings)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import fields
+from typing import Any, TypeVar
+
+import click
+
+from .settings import Settings, SettingsError
+
+__all__ = ["settings_from_click", "settings_options"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _help(f: Any) -> str:
+    m, default = f.metadata, f.default
+    if default is None or m["secret"]:
+        return f"{m['help']} [env: {m['env']}]"
+    if isinstance(default, tuple):
+        default = ",".join(default)
+    elif isinstance(default, bool):
+        default = str(default).lower()
+    return f"{m['help']} [default: {default}; env: {m['env']}]"
+
+
+def settings_options(command: F) -> F:
+    """Add one option per Settings field to a click command (a decorator).
+
+    Each option's parameter name is the field name, so ``settings_from_click(params)`` can pick
+    them out of the command's keyword arguments.
+    """
+    for f in reversed(fields(Settings)):  # decorators apply bottom-up: keep the table's order in --help
+        m = f.metadata
+        if isinstance(f.default, bool):
+            flag = m["flag"].removeprefix("--")
+            option = click.option(f"--{flag}/--no-{flag}", f.name, default=None, help=_help(f))
+        else:
+            option = click.option(m["flag"], f.name, type=str, default=None, metavar=m["metavar"],
+                                  help=_help(f))
+        command = option(command)
+    return command
+
+
+def settings_from_click(params: Mapping[str, Any]) -> Settings:
+    """Build the Settings from a command's parameters (other parameters are ignored) and ``os.environ``.
+
+    A bad setting becomes a ``click.UsageError``: exit status 2, a one-line message, no traceback.
+    """
+    names = {f.name for f in fields(Settings)}
+    flags = {k: v for k, v in params.items() if k in names and v is not None}
+    try:
+        return Settings.from_sources(flags, os.environ)
+    except SettingsError as e:
+        raise click.UsageError(" ".join(str(e).splitlines())) from None

@@ -1,0 +1,383 @@
+"""Streamdedup's settings: one frozen object, built once from flags and the environment.
+
+Every field carries its CLI flag, its ``STREAMDEDUP_*`` environment variable, a help text and a
+parser in its metadata, so the click options, the environment lookup and the checks all come from
+one table.  Flags override the environment, which overrides the defaults.  Modules never read
+``os.environ``: only the CLI passes it to :meth:`Settings.from_sources`.
+
+>>> s = Settings.from_sources({"k": "2"}, {"STREAMDEDUP_BROKERS": "kafka://a:9092, b:9093"})
+>>> s.k, s.brokers, s.faust_broker_url()
+(2, ('a:9092', 'b:9093'), 'kafka://a:9092;b:9093')
+>>> Settings.from_sources({"k": "40"}, {})
+Traceback (most recent call last):
+...
+streamdedup.settings.SettingsError: --k / STREAMDEDUP_K: 40 is out of range; use a small number of bits such as 3 (0..16)
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import re
+import ssl
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .dedup import ALGORITHMS
+from .records import DEFAULT_MAX_PAGE_BYTES
+from .tables import DESIGNS
+
+__all__ = ["ENV_ALLOWLIST", "ENV_PREFIX", "Settings", "SettingsError"]
+
+ENV_PREFIX = "STREAMDEDUP_"
+#: ``STREAMDEDUP_*`` variables that are not settings yet must not be rejected as typos (e.g. read by
+#: another tool).  Empty today; add a name with a comment saying who reads it.
+ENV_ALLOWLIST: frozenset[str] = frozenset()
+SSL_PROTOCOLS = ("SSL", "SASL_SSL")
+SASL_PROTOCOLS = ("SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+MASK = "***"
+TOPIC_FIELDS = ("pages_topic", "unique_topic", "near_duplicate_topic", "verdicts_topic", "dead_letter_topic")
+
+
+class SettingsError(ValueError):
+    """A setting is invalid; the message names the flag and the env var and says how to fix it."""
+
+
+# ---------------------------------------------------------------------------- parsers
+# A parser takes a string (flag or env var) or an already typed value (a default, a click bool
+# flag, a programmatic argument) and returns the typed value, or raises ValueError saying what is
+# wrong and how to fix it; _error() puts "--flag / STREAMDEDUP_FLAG: " in front.
+
+Parser = Callable[[Any], Any]
+
+
+def _int(lo: int, hi: int | None, hint: str) -> Parser:
+    span = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+
+    def parse(v: Any) -> int:
+        try:
+            n = int(v.strip()) if isinstance(v, str) else v
+        except ValueError:
+            n = None
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise ValueError(f"{v!r} is not a whole number; {hint} ({span})")
+        if n < lo or (hi is not None and n > hi):
+            raise ValueError(f"{n} is out of range; {hint} ({span})")
+        return n
+
+    return parse
+
+
+def _float(lo: float, hi: float | None, hint: str) -> Parser:
+    """The open interval (lo, hi); ``hi=None``: no upper bound."""
+    span = f"{lo} < x < {hi}" if hi is not None else f"> {lo}"
+
+    def parse(v: Any) -> float:
+        try:
+            x = float(v.strip() if isinstance(v, str) else v)
+        except (TypeError, ValueError):
+            raise ValueError(f"{v!r} is not a number; {hint} ({span})") from None
+        if isinstance(v, bool) or not math.isfinite(x) or x <= lo or (hi is not None and x >= hi):
+            raise ValueError(f"{v} is out of range; {hint} ({span})")
+        return x
+
+    return parse
+
+
+def _choice(options: Collection[str], normalize: Callable[[str], str] = str.lower) -> Parser:
+    def parse(v: Any) -> str:
+        if (s := normalize(str(v).strip())) not in options:
+            raise ValueError(f"{v!r} is not one of {'|'.join(options)}; use one of those")
+        return s
+
+    return parse
+
+
+def _bool(v: Any) -> bool:
+    s = str(v).strip().lower()  # str(True) == "True"
+    if s not in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+        raise ValueError(f"{v!r} is not a yes/no value; use true or false (also 1/0, yes/no)")
+    return s in ("true", "1", "yes", "on")
+
+
+def _text(v: Any) -> str:
+    if not (s := str(v).strip()):
+        raise ValueError("is empty; give a value, or leave the setting out for the default")
+    return s
+
+
+def _topic(max_len: int = 249) -> Parser:
+    def parse(v: Any) -> str:
+        s = str(v).strip()
+        if not re.fullmatch(rf"[a-zA-Z0-9._-]{{1,{max_len}}}", s) or s in (".", ".."):
+            raise ValueError(f"{s!r} is not a valid Kafka topic name; use 1..{max_len} of a-z A-Z 0-9 . _ -"
+                             " (not '.' or '..')")
+        return s
+
+    return parse
+
+
+def _brokers(v: Any) -> tuple[str, ...]:
+    out = []
+    for item in (str(i).strip() for i in (v.split(",") if isinstance(v, str) else v)):
+        item = item[len("kafka://"):] if item.lower().startswith("kafka://") else item
+        host, sep, port = item.rpartition(":")  # rpartition: "[::1]:9092" works too
+        if item and (not host or not port.isdigit() or not 1 <= int(port) <= 65535):
+            raise ValueError(f"{item!r} is not host:port; use e.g. 127.0.0.1:9092 (port 1..65535)")
+        out += [item] if item else []
+    if not out:
+        raise ValueError("is empty; use a comma-separated list of host:port, e.g. 127.0.0.1:9092")
+    return tuple(out)
+
+
+def _path(v: Any) -> Path:
+    return Path(_text(v)).expanduser()
+
+
+def _readable_file(v: Any) -> Path:
+    if not (p := _path(v)).is_file():
+        raise ValueError(f"{str(p)!r} is not a file; give the path of an existing file")
+    if not os.access(p, os.R_OK):
+        raise ValueError(f"{str(p)!r} is not readable; fix its permissions or use another file")
+    return p
+
+
+def _optional(parse: Parser) -> Parser:
+    """None or a blank string mean 'not set'."""
+    return lambda v: None if v is None or (isinstance(v, str) and not v.strip()) else parse(v)
+
+
+def _f(flag: str, default: Any, help: str, parse: Parser, metavar: str, *, secret: bool = False) -> Any:
+    env = ENV_PREFIX + flag.removeprefix("--").replace("-", "_").upper()
+    return field(default=default, metadata={"flag": flag, "env": env, "help": help, "parse": parse,
+                                            "metavar": metavar, "secret": secret})
+
+
+_FILE = _optional(_readable_file)
+
+
+# ---------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True, repr=False)
+class Settings:
+    """All of streamdedup's configuration; see the module docstring."""
+
+    brokers: tuple[str, ...] = _f("--brokers", ("127.0.0.1:9092",), "Kafka bootstrap servers, comma-"
+                                  "separated host:port (kafka:// allowed).", _brokers, "HOST:PORT,...")
+    app_id: str = _f("--app-id", "streamdedup", "Consumer group id and faust app id; also the prefix of "
+                     "internal topics.", _topic(200), "NAME")  # 200: room for faust's topic suffixes
+    pages_topic: str = _f("--pages-topic", "pages", "Topic of incoming pages.", _topic(), "TOPIC")
+    unique_topic: str = _f("--unique-topic", "pages.unique", "Topic for unique pages.", _topic(), "TOPIC")
+    near_duplicate_topic: str = _f("--near-duplicate-topic", "pages.near-duplicate",
+                                   "Topic for near-duplicate pages.", _topic(), "TOPIC")
+    verdicts_topic: str = _f("--verdicts-topic", "pages.verdicts", "Topic for verdicts.", _topic(), "TOPIC")
+    dead_letter_topic: str = _f("--dead-letter-topic", "pages.dead-letter", "Topic for bad records, "
+                                "with the reason.", _topic(), "TOPIC")
+    partitions: int = _f("--partitions", 8, "Partitions of the pages topic and the internal shard topics.",
+                         _int(1, None, "use at least 1, e.g. 8"), "INT")
+    replication_factor: int = _f("--replication-factor", 1, "Replication factor of created topics.",
+                                 _int(1, 32767, "use 1 for one broker, 3 in production"), "INT")
+    algorithm: str = _f("--algorithm", "simhash", "Near-duplicate test.", _choice(ALGORITHMS),
+                        "|".join(ALGORITHMS))
+    k: int = _f("--k", 3, "simhash: pages within k bits are near-duplicates.",
+                _int(0, 16, "use a small number of bits such as 3"), "INT")
+    design: str | None = _f("--design", None, "Manku table design for k=3 (number of tables); default 16.",
+                            _optional(_choice(DESIGNS)), "|".join(DESIGNS))
+    threshold: float = _f("--threshold", 0.8, "minhash/combined: resemblance needed for a near-duplicate.",
+                          _float(0, 1, "use a similarity such as 0.8"), "FLOAT")
+    num_perm: int = _f("--num-perm", 128, "minhash/combined: hash functions per signature.",
+                       _int(16, 1024, "use e.g. 128"), "INT")
+    max_page_bytes: int = _f("--max-page-bytes", DEFAULT_MAX_PAGE_BYTES, "Larger pages go to the "
+                             "dead-letter topic.", _int(1024, None, "use e.g. 5242880 (5 MiB)"), "BYTES")
+    batch_size: int = _f("--batch-size", 500, "Pages judged per batch.", _int(1, 100_000, "use e.g. 500"),
+                         "INT")
+    batch_timeout: float = _f("--batch-timeout", 0.05, "Seconds to wait for a batch to fill.",
+                              _float(0, None, "use e.g. 0.05 seconds"), "SECONDS")
+    web_host: str = _f("--web-host", "127.0.0.1", "Bind address of the web server (/metrics).", _text, "HOST")
+    web_port: int = _f("--web-port", 6066, "Port of the web server (/metrics).",
+                       _int(1, 65535, "use a free TCP port such as 6066"), "PORT")
+    data_dir: Path = _f("--data-dir", Path("streamdedup-data"), "Directory for local snapshots.", _path, "DIR")
+    log_level: str = _f("--log-level", "info", "Logging level.", _choice(("debug", "info", "warning", "error")),
+                        "debug|info|warning|error")
+    security_protocol: str = _f("--security-protocol", "PLAINTEXT", "How to talk to Kafka.",
+                                _choice(("PLAINTEXT", "SSL", *SASL_PROTOCOLS), str.upper),
+                                "PLAINTEXT|SSL|SASL_PLAINTEXT|SASL_SSL")
+    sasl_mechanism: str | None = _f("--sasl-mechanism", None, "SASL mechanism (SASL_* protocols only).",
+                                    _optional(_choice(SASL_MECHANISMS, str.upper)), "|".join(SASL_MECHANISMS))
+    sasl_username: str | None = _f("--sasl-username", None, "SASL user name.", _optional(_text), "USER")
+    sasl_password: str | None = _f("--sasl-password", None, "SASL password; prefer the env var or "
+                                   "--sasl-password-file (flags show in the process list).",
+                                   _optional(str), "PASSWORD", secret=True)
+    sasl_password_file: Path | None = _f("--sasl-password-file", None, "File holding the SASL password, "
+                                         "read once at start.", _FILE, "FILE")
+    ssl_cafile: Path | None = _f("--ssl-cafile", None, "PEM CA bundle to verify the brokers "
+                                 "(default: the system CAs).", _FILE, "FILE")
+    ssl_certfile: Path | None = _f("--ssl-certfile", None, "PEM client certificate (with --ssl-keyfile).",
+                                   _FILE, "FILE")
+    ssl_keyfile: Path | None = _f("--ssl-keyfile", None, "PEM client key (with --ssl-certfile).", _FILE, "FILE")
+    ssl_key_password: str | None = _f("--ssl-key-password", None, "Password of --ssl-keyfile.",
+                                      _optional(str), "PASSWORD", secret=True)
+    ssl_check_hostname: bool = _f("--ssl-check-hostname", True, "Check that the broker certificate names "
+                                  "the broker host.", _bool, "BOOL")
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            object.__setattr__(self, f.name, _parse(f.name, getattr(self, f.name)))
+        self._check_combinations()
+
+    def _check_combinations(self) -> None:
+        if self.design is not None and self.k != 3:
+            raise _error("design", f"named designs are for k=3, not k={self.k}; drop --design or use --k 3")
+        seen: dict[str, str] = {}
+        for name in TOPIC_FIELDS:
+            # Kafka refuses topics that differ only in '.' vs '_' (their metric names collide).
+            if (key := getattr(self, name).replace(".", "_")) in seen:
+                raise _error(name, f"{getattr(self, name)!r} is also used by {_meta(seen[key])['flag']}; "
+                                   "give every topic its own name")
+            seen[key] = name
+        protocol = self.security_protocol
+        sasl, tls = protocol in SASL_PROTOCOLS, protocol in SSL_PROTOCOLS
+        for name, needed in (("sasl_mechanism", "use SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN"),
+                             ("sasl_username", "give the user name"),
+                             ("sasl_password", "set STREAMDEDUP_SASL_PASSWORD or use --sasl-password-file")):
+            if sasl and getattr(self, name) is None:
+                raise _error(name, f"is required with {protocol}; {needed}")
+        for name in ("sasl_mechanism", "sasl_username", "sasl_password", "sasl_password_file", "ssl_cafile",
+                     "ssl_certfile", "ssl_keyfile", "ssl_key_password"):
+            kind, on = ("SASL", sasl) if name.startswith("sasl") else ("SSL", tls)
+            if not on and getattr(self, name) is not None:
+                raise _error(name, f"is only used with {kind} security protocols, not {protocol}; "
+                             "set --security-protocol or drop it")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise _error("ssl_keyfile" if self.ssl_keyfile is None else "ssl_certfile",
+                         "is missing; --ssl-certfile and --ssl-keyfile come together")
+        if self.ssl_key_password is not None and self.ssl_keyfile is None:
+            raise _error("ssl_key_password", "needs --ssl-keyfile; give the key or drop the password")
+        if tls:  # load the PEM files now: a bad file fails at start with a message, not at connect
+            from aiokafka.helpers import create_ssl_context
+
+            try:
+                create_ssl_context(cafile=self.ssl_cafile)
+            except (ssl.SSLError, OSError) as e:
+                raise _error("ssl_cafile", f"cannot load CA certificates ({e}); use a PEM file of "
+                             "CA certificates") from None
+            try:
+                self.ssl_context()
+            except (ssl.SSLError, OSError) as e:
+                raise _error("ssl_certfile", f"cannot load it with --ssl-keyfile ({e}); use a PEM "
+                             "certificate, its key, and --ssl-key-password if the key is encrypted") from None
+
+    @classmethod
+    def from_sources(cls, flags: Mapping[str, Any], env: Mapping[str, str], *,
+                     allow_env: Collection[str] = ENV_ALLOWLIST) -> Settings:
+        """Flags (keyed by field name; None = not given) override ``env``, which overrides defaults.
+
+        >>> Settings.from_sources({}, {"STREAMDEDUP_KAY": "3"})
+        Traceback (most recent call last):
+        ...
+        streamdedup.settings.SettingsError: STREAMDEDUP_KAY is not a streamdedup setting; did you mean STREAMDEDUP_K? ...
+        """
+        specs = {f.name: f.metadata for f in fields(cls)}
+        if unknown := sorted(set(flags) - set(specs)):
+            raise TypeError(f"not Settings fields: {', '.join(unknown)}")
+        known = sorted(m["env"] for m in specs.values())
+        for var in sorted(env):
+            if var.startswith(ENV_PREFIX) and var not in known and var not in allow_env:
+                close = difflib.get_close_matches(var, known, n=1)
+                raise SettingsError(f"{var} is not a streamdedup setting; "
+                                    + (f"did you mean {close[0]}? " if close else "")
+                                    + f"unset it or use one of: {', '.join(known)}")
+        raw = {name: flags[name] if flags.get(name) is not None else env[meta["env"]]
+               for name, meta in specs.items() if flags.get(name) is not None or meta["env"] in env}
+        if (path := _parse("sasl_password_file", raw.get("sasl_password_file"))) is not None:
+            if _optional(str)(raw.get("sasl_password")) is not None:
+                raise _error("sasl_password_file", "and --sasl-password / STREAMDEDUP_SASL_PASSWORD are "
+                             "both set; use only one of them")
+            try:
+                raw["sasl_password"] = path.read_text(encoding="utf-8").rstrip("\r\n")
+            except (OSError, UnicodeDecodeError) as e:
+                raise _error("sasl_password_file", f"cannot be read ({e}); use a readable UTF-8 file") from None
+            if not raw["sasl_password"]:
+                raise _error("sasl_password_file", f"{str(path)!r} is empty; put the password in it")
+        return cls(**raw)
+
+    # ------------------------------------------------------------------ for logs and clients
+
+    def describe(self) -> dict[str, Any]:
+        """Every setting as a JSON-friendly value, safe to log: secrets are masked."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            v = MASK if f.metadata["secret"] and v is not None else v
+            out[f.name] = list(v) if isinstance(v, tuple) else str(v) if isinstance(v, Path) else v
+        return out
+
+    def __repr__(self) -> str:
+        return f"Settings({', '.join(f'{k}={v!r}' for k, v in self.describe().items())})"
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """A new client context for SSL / SASL_SSL (system CAs unless ``ssl_cafile``), else None."""
+        if self.security_protocol not in SSL_PROTOCOLS:
+            return None
+        from aiokafka.helpers import create_ssl_context
+
+        ctx = create_ssl_context(cafile=self.ssl_cafile, certfile=self.ssl_certfile, keyfile=self.ssl_keyfile,
+                                 # never None: OpenSSL would prompt on the terminal for an encrypted key
+                                 password=self.ssl_key_password or "")
+        ctx.check_hostname = self.ssl_check_hostname  # the chain is verified either way
+        return ctx
+
+    def aiokafka_kwargs(self) -> dict[str, Any]:
+        """Connection kwargs for AIOKafkaProducer / AIOKafkaConsumer / AIOKafkaAdminClient."""
+        kw: dict[str, Any] = {"bootstrap_servers": list(self.brokers),
+                              "security_protocol": self.security_protocol}
+        if self.security_protocol in SASL_PROTOCOLS:
+            kw.update(sasl_mechanism=self.sasl_mechanism, sasl_plain_username=self.sasl_username,
+                      sasl_plain_password=self.sasl_password)
+        if self.security_protocol in SSL_PROTOCOLS:
+            kw["ssl_context"] = self.ssl_context()
+        return kw
+
+    def faust_broker_url(self) -> str:
+        """For ``faust.App(broker=...)``: ``kafka://h1:p1;h2:p2``."""
+        return "kafka://" + ";".join(self.brokers)
+
+    def faust_credentials(self) -> Any:
+        """For ``faust.App(broker_credentials=...)``: SASLCredentials, SSLCredentials or None.
+
+        faust (``credentials_to_aiokafka_auth``) turns them back into aiokafka's security_protocol,
+        sasl_* and ssl_context kwargs.  SASLCredentials means SASL_SSL only when it has an
+        ssl_context, so SASL_SSL always passes one; SSLCredentials needs its context explicitly.
+        Also pass ``env={}`` to faust.App: faust reads BROKER_URL etc. from os.environ and lets
+        them override the App's arguments.
+        """
+        if self.security_protocol == "PLAINTEXT":
+            return None
+        import faust  # lazily: settings import without faust
+        from faust.types.auth import SASLMechanism
+
+        if self.security_protocol == "SSL":
+            return faust.SSLCredentials(self.ssl_context())
+        return faust.SASLCredentials(username=self.sasl_username, password=self.sasl_password,
+                                     mechanism=SASLMechanism(self.sasl_mechanism),
+                                     ssl_context=self.ssl_context())
+
+
+def _meta(name: str) -> Mapping[str, Any]:
+    return Settings.__dataclass_fields__[name].metadata
+
+
+def _error(name: str, message: str) -> SettingsError:
+    return SettingsError(f"{_meta(name)['flag']} / {_meta(name)['env']}: {message}")
+
+
+def _parse(name: str, value: Any) -> Any:
+    try:
+        return _meta(name)["parse"](value)
+    except ValueError as e:
+        raise _error(name, str(e)) from None
