@@ -2,9 +2,10 @@
 
     python bench/index_bench.py --n 10000000 --runs 3
 
-Inserts N random fingerprints in batches, then queries batches of 1,000 (half of them planted
-neighbours of stored fingerprints at distance 1..3, half random).  Prints one JSON line per
-run and the medians; run it by hand, on an otherwise quiet machine.
+Inserts N random fingerprints in batches, builds the lookup directories, then queries batches
+of 1,000 (half of them planted neighbours of stored fingerprints at distance 1..3, half
+random), then runs the stream's pattern (query a batch, insert it) for 100 batches.  Prints
+one JSON line per run and the medians; run it by hand, on an otherwise quiet machine.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ def one_run(n: int, batch: int, qbatch: int, design: str, seed: int) -> dict:
     for s in range(0, n, batch):
         idx.add_many(ids[s : s + batch].tolist(), fps[s : s + batch])
     insert_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    idx.prepare()  # the lookup directories that the first queries would build
+    prepare_s = time.perf_counter() - t0
 
     n_queries = min(200 * qbatch, n)
     near = fps[rng.integers(0, n, size=n_queries // 2)]
@@ -44,11 +48,21 @@ def one_run(n: int, batch: int, qbatch: int, design: str, seed: int) -> dict:
     for s in range(0, len(queries), qbatch):
         found += len(idx.search(queries[s : s + qbatch]).query)
     query_s = time.perf_counter() - t0
+
+    # The stream's pattern at this size: query a batch, then insert it, repeatedly.
+    extra = rng.integers(0, 2**64 - 1, size=100 * qbatch, dtype=np.uint64, endpoint=True)
+    t0 = time.perf_counter()
+    for s in range(0, len(extra), qbatch):
+        idx.search(extra[s : s + qbatch])
+        idx.add_many(list(range(n + s, n + s + qbatch)), extra[s : s + qbatch])
+    mixed_s = time.perf_counter() - t0
     return {
         "n": n,
         "design": design,
         "insert_per_s": n / insert_s,
+        "insert_with_directories_per_s": n / (insert_s + prepare_s),
         "query_per_s": len(queries) / query_s,
+        "query_then_insert_pages_per_s": len(extra) / mixed_s,
         "matches": found,
         "table_bytes_per_fp": idx.table_nbytes / n,
         "index_bytes_per_fp": idx.nbytes / n,
@@ -71,7 +85,8 @@ def main() -> None:
         res = one_run(args.n, args.batch, args.query_batch, args.design, seed=r)
         print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in res.items()}))
         results.append(res)
-    for key in ("insert_per_s", "query_per_s", "table_bytes_per_fp", "index_bytes_per_fp"):
+    for key in ("insert_per_s", "insert_with_directories_per_s", "query_per_s", "query_then_insert_pages_per_s",
+                "table_bytes_per_fp", "index_bytes_per_fp"):
         print(f"median {key}: {statistics.median(r[key] for r in results):,.1f}")
 
 

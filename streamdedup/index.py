@@ -71,16 +71,28 @@ class _Run:
         return self.entries.nbytes + (0 if self._dir is None else self._dir.nbytes)
 
     def _directory(self) -> np.ndarray:
-        """Offsets of the buckets of the keys' top bits, built on first use (~4 keys a bucket)."""
+        """Offsets of the buckets of the keys' top bits, built on first use (~4 keys a bucket).
+
+        One sequential pass (bucket counts by chunks, then a cumulative sum) instead of a
+        binary search per bucket: the entries are sorted, so counts are all that is needed.
+        """
         if self._dir is None:
-            bits = int(np.clip(len(self.entries).bit_length() - 2, 1, 26))
+            n = len(self.entries)
+            bits = int(np.clip(n.bit_length() - 2, 1, 26))
             self._shift = np.uint64(64 - bits)
-            bounds = np.arange((1 << bits) + 1, dtype=np.uint64)
-            offsets = np.searchsorted(self.entries, bounds[:-1] << self._shift)
-            self._dir = np.append(offsets, len(self.entries)).astype(
-                np.uint32 if len(self.entries) < 2**32 else np.int64
-            )
+            offsets = np.zeros((1 << bits) + 1, dtype=np.int64)
+            chunk = 1 << 22
+            for start in range(0, n, chunk):
+                buckets = (self.entries[start : start + chunk] >> self._shift).astype(np.intp)
+                offsets[1:] += np.bincount(buckets, minlength=1 << bits)
+            np.cumsum(offsets, out=offsets)
+            self._dir = offsets.astype(np.uint32) if n < 2**32 else offsets
         return self._dir
+
+    def prepare(self) -> None:
+        """Build the bucket directory now rather than on the first lookup."""
+        if len(self.entries) >= self.DIRECTORY_MIN:
+            self._directory()
 
     def lookup(self, needles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(needle index, row) for every entry whose key equals a needle (uint32 keys)."""
@@ -191,6 +203,11 @@ class HammingIndex:
         return True
 
     # --------------------------------------------------------------- reads
+    def prepare(self) -> None:
+        """Build every run's lookup directory now (queries build them lazily otherwise)."""
+        for run in self._runs:
+            run.prepare()
+
     def search(self, fingerprints: Iterable[int] | np.ndarray, k: int | None = None) -> Matches:
         """All (query, row, distance) with distance <= ``k`` (default: the index's k).
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamdedup.index import HammingIndex
+from streamdedup.index import HammingIndex, _Run
 from streamdedup.simhash import hamming_many
 from streamdedup.tables import DESIGNS, TableDesign
 
@@ -47,10 +47,19 @@ def planted(draw, k: int):
     return stored, queries
 
 
+@pytest.fixture(params=["binary-search", "directory"])
+def lookup_path(request, monkeypatch):
+    """Run a test with small runs binary-searched (the default) and with every run
+    looked up through a bucket directory (the path big runs take)."""
+    if request.param == "directory":
+        monkeypatch.setattr(_Run, "DIRECTORY_MIN", 1)
+    return request.param
+
+
 @pytest.mark.parametrize("design", sorted(DESIGNS))
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=planted(k=3), batch=st.integers(1, 40))
-def test_exact_against_brute_force(design, data, batch):
+def test_exact_against_brute_force(design, data, batch, lookup_path):
     stored, queries = data
     idx = HammingIndex(k=3, design=design)
     for s in range(0, len(stored), batch):  # several runs and merges
