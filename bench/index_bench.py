@@ -4,7 +4,7 @@
 
 Inserts N random fingerprints in batches, builds the lookup directories, then queries batches
 of 1,000 (half of them planted neighbours of stored fingerprints at distance 1..3, half
-random), then runs the stream's pattern (query a batch, insert it) for 100 batches.  Prints
+random), then runs the stream's pattern (query a batch, insert it) for another n/10 pages.  Prints
 one JSON line per run and the medians; run it by hand, on an otherwise quiet machine.
 """
 
@@ -49,8 +49,9 @@ def one_run(n: int, batch: int, qbatch: int, design: str, seed: int) -> dict:
         found += len(idx.search(queries[s : s + qbatch]).query)
     query_s = time.perf_counter() - t0
 
-    # The stream's pattern at this size: query a batch, then insert it, repeatedly.
-    extra = rng.integers(0, 2**64 - 1, size=100 * qbatch, dtype=np.uint64, endpoint=True)
+    # The stream's pattern at this size: query a batch, then insert it, for another tenth of
+    # n (long enough to amortise the merges, which at 10M stall a batch for seconds).
+    extra = rng.integers(0, 2**64 - 1, size=max(n // 10, qbatch), dtype=np.uint64, endpoint=True)
     t0 = time.perf_counter()
     for s in range(0, len(extra), qbatch):
         idx.search(extra[s : s + qbatch])
