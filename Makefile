@@ -1,7 +1,7 @@
 # Set-up and everyday commands.  Every target installs what it needs first, so on a fresh
 # machine `make demo` and `make test` are all there is to type.
 #
-#   make demo    scan a sample crawl and print a summary
+#   make demo    judge a sample crawl (deploy/sample/) and print a summary
 #   make test    the whole test suite (what CI runs)
 #   make bench   the benchmarks under bench/ (by hand; slow; see bench/README.md)
 
@@ -39,11 +39,11 @@ test: install
 	$(PY) -m pytest
 
 demo: install
-	$(PY) -m streamdedup.demo
+	$(PY) deploy/sample/demo.py
 
 bench: install
 	$(PY) -m pip install --quiet -e '.[bench]'
 	@echo "see bench/README.md for the benchmark commands"
 
 clean:
-	rm -rf $(VENV) $(STAMPS) bench/out
+	rm -rf $(VENV) $(STAMPS) bench/out demo-verdicts.jsonl

@@ -83,6 +83,8 @@ class TableDesign:
     f: int = 64
     k: int = 3
     levels: tuple[int, ...] = (4, 4)
+    #: Keep only these tables of the design (a shard holds the tables of one group).
+    only: tuple[int, ...] | None = None
     keys: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -104,6 +106,11 @@ class TableDesign:
         if n_tables > 4096:
             raise ValueError(f"levels={self.levels} gives {n_tables} tables; use fewer blocks or levels")
         tables = _tables(list(range(64)), self.k, tuple(self.levels))
+        if self.only is not None:
+            if not self.only or len(set(self.only)) != len(self.only) or not all(
+                    0 <= t < len(tables) for t in self.only):
+                raise ValueError(f"only= must name distinct tables in 0..{len(tables) - 1}, got {self.only}")
+            tables = [tables[t] for t in self.only]
         object.__setattr__(self, "keys", tuple(tuple(t) for t in tables))
 
     @classmethod
@@ -112,6 +119,34 @@ class TableDesign:
         if name not in DESIGNS:
             raise ValueError(f"unknown table design {name!r}; choose one of {', '.join(DESIGNS)}")
         return cls(f=64, k=k, levels=DESIGNS[name])
+
+    def groups(self) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+        """The tables grouped by their first-level block choice: (group bits, table numbers).
+
+        Two fingerprints within k bits agree on all the bits of at least one group, so a
+        store sharded by (group, value of the group's bits) brings every such pair together.
+
+        >>> [(len(bits), tables) for bits, tables in TableDesign.named("16").groups()][:2]
+        [(16, (0, 1, 2, 3)), (16, (4, 5, 6, 7))]
+        >>> len(TableDesign.named("20").groups()), len(TableDesign.named("20").groups()[0][0])
+        (20, 33)
+        """
+        if self.only is not None:
+            raise ValueError("groups() is defined on a whole design, not on a restricted one")
+        b = self.levels[0]
+        blocks = _split(list(range(64)), b)
+        per_group = 1
+        for level in self.levels[1:]:
+            per_group *= comb(level, level - self.k)
+        out = []
+        for g, chosen in enumerate(combinations(range(b), b - self.k)):
+            bits = tuple(sorted(i for c in chosen for i in blocks[c]))
+            out.append((bits, tuple(range(g * per_group, (g + 1) * per_group))))
+        return out
+
+    def restricted(self, tables: tuple[int, ...]) -> "TableDesign":
+        """The same design keeping only some of its tables."""
+        return TableDesign(f=self.f, k=self.k, levels=self.levels, only=tuple(tables))
 
     @property
     def n_tables(self) -> int:

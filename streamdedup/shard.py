@@ -1,0 +1,258 @@
+"""The index sharded across a consumer group: global answers from partitioned state.
+
+A page must be compared with every earlier page, whichever worker saw it.  Manku's design
+gives the sharding: two fingerprints within k bits agree on every bit of at least one
+*group* (for 4 x 4: one of the four 16-bit blocks), so a probe for each group, routed by the
+value of that group's bits, meets every near neighbour in some shard::
+
+    page fingerprint F --> probe (group 0, F & mask0) --> partition mix64(...) % P --+
+                       --> probe (group 1, F & mask1) --> ...                       |
+                       --> ...                                                      v
+    shard (partition p): for each group, the group's tables only   probe, then insert
+    answers (one per group) --> best of them --> the page's verdict
+
+A shard keeps one :class:`~streamdedup.index.HammingIndex` per group, over the group's tables,
+plus what an answer must tell about a stored page: its fingerprint, its order key, a hash of
+its id, and its id and URL (in a byte heap, not one Python object per page).
+
+Rules, the same in every shard so verdicts do not depend on the number of workers:
+
+* **Earlier** means a smaller order key ``(fetched_at, id hash)``: a page never matches a
+  later page, so of two near-duplicates only the later is flagged, whichever arrives first.
+* **Never itself**: a stored page with the same id hash is not a match (a re-fetch, or a
+  replay after a crash, does not find its own earlier insert).
+* **Idempotent inserts**: a page whose id and fingerprint are already stored in the shard is
+  not stored again, so replays do not grow the index.
+* The best match is the nearest, then the earliest.
+
+This module imports nothing from faust or aiokafka; the stream layer moves its inputs and
+outputs through Kafka.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .features import mix64
+from .index import HammingIndex
+from .tables import TableDesign
+
+__all__ = ["ShardPlan", "Shard", "Answers", "StringHeap"]
+
+_PARTITION_SEED = np.uint64(0x5EED_5A4D)
+_GROUP_SPREAD = np.uint64(0x9E3779B97F4A7C15)
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """Which shard partition each of a page's probes goes to.
+
+    >>> plan = ShardPlan(TableDesign.named("16"), partitions=8)
+    >>> plan.n_groups, plan.probes(np.array([0, 1], dtype=np.uint64)).shape
+    (4, (2, 4))
+    """
+
+    design: TableDesign
+    partitions: int
+    masks: np.ndarray = field(init=False, repr=False, compare=False)
+    tables: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.partitions < 1:
+            raise ValueError(f"partitions must be >= 1, got {self.partitions}")
+        groups = self.design.groups()
+        masks = np.array([sum(1 << b for b in bits) for bits, _ in groups], dtype=np.uint64)
+        object.__setattr__(self, "masks", masks)
+        object.__setattr__(self, "tables", tuple(t for _, t in groups))
+
+    @property
+    def n_groups(self) -> int:
+        return len(self.tables)
+
+    def probes(self, fps: np.ndarray) -> np.ndarray:
+        """Partition of each (page, group) probe, shape (n, n_groups).
+
+        The partition is a hash of (group, the fingerprint's bits in the group): part of the
+        stored format, since a shard's state is only findable through it.
+        """
+        fps = np.asarray(fps, dtype=np.uint64)
+        groups = np.arange(self.n_groups, dtype=np.uint64)
+        keys = (fps[:, None] & self.masks[None, :]) ^ ((groups + np.uint64(1)) * _GROUP_SPREAD)[None, :]
+        return (mix64(keys ^ _PARTITION_SEED) % np.uint64(self.partitions)).astype(np.int64)
+
+    def group_design(self, group: int) -> TableDesign:
+        return self.design.restricted(self.tables[group])
+
+
+class StringHeap:
+    """Append-only strings in one bytearray with numpy offsets: no object per string.
+
+    >>> h = StringHeap(); h.extend(["a", "Ωb"]); h[1], len(h)
+    ('Ωb', 2)
+    """
+
+    def __init__(self) -> None:
+        self._data = bytearray()
+        self._ends = np.zeros(1024, dtype=np.int64)
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def nbytes(self) -> int:
+        return len(self._data) + self._ends.nbytes
+
+    def extend(self, values: list[str]) -> None:
+        if self._n + len(values) > len(self._ends):
+            self._ends = np.resize(self._ends, max(self._n + len(values), 2 * len(self._ends)))
+        for v in values:
+            self._data += v.encode("utf-8", "surrogatepass")
+            self._ends[self._n] = len(self._data)
+            self._n += 1
+
+    def __getitem__(self, i: int) -> str:
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        start = int(self._ends[i - 1]) if i else 0
+        return self._data[start : int(self._ends[i])].decode("utf-8", "surrogatepass")
+
+
+class _Column:
+    """A growable 1-d numpy column."""
+
+    def __init__(self, dtype: type) -> None:
+        self.data = np.empty(1024, dtype=dtype)
+        self.n = 0
+
+    def extend(self, values: np.ndarray) -> None:
+        need = self.n + len(values)
+        if need > len(self.data):
+            self.data = np.resize(self.data, max(need, 2 * len(self.data)))
+        self.data[self.n : need] = values
+        self.n = need
+
+    def view(self) -> np.ndarray:
+        return self.data[: self.n]
+
+
+@dataclass
+class Answers:
+    """One shard's answers to a batch of probes, aligned with the probes.
+
+    ``row`` is -1 where nothing earlier is within k bits; otherwise the match's fields.
+    """
+
+    distance: np.ndarray  # int64, -1 when no match
+    fingerprint: np.ndarray  # uint64 of the match
+    fetched: np.ndarray  # int64 order key of the match
+    id_hash: np.ndarray  # uint64 of the match
+    ids: list[str | None]
+    urls: list[str | None]
+
+
+class Shard:
+    """One partition of the sharded index: the tables of every group routed to it."""
+
+    def __init__(self, plan: ShardPlan) -> None:
+        self.plan = plan
+        self._groups: dict[int, _GroupStore] = {}
+
+    def __len__(self) -> int:
+        """Stored (page, group) entries."""
+        return sum(len(g.index) for g in self._groups.values())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(g.nbytes for g in self._groups.values())
+
+    def probe_and_insert(self, group: np.ndarray, fps: np.ndarray, fetched: np.ndarray, id_hash: np.ndarray,
+                         ids: list[str], urls: list[str]) -> Answers:
+        """Answer a batch of probes in order, then store the pages (see the module's rules)."""
+        n = len(fps)
+        out = Answers(np.full(n, -1, np.int64), np.zeros(n, np.uint64), np.zeros(n, np.int64),
+                      np.zeros(n, np.uint64), [None] * n, [None] * n)
+        group = np.asarray(group, dtype=np.int64)
+        for g in np.unique(group).tolist():
+            sel = np.flatnonzero(group == g)
+            store = self._groups.get(g)
+            if store is None:
+                store = self._groups[g] = _GroupStore(self.plan.group_design(g))
+            store.probe_and_insert(sel, fps[sel], fetched[sel], id_hash[sel], [ids[i] for i in sel],
+                                   [urls[i] for i in sel], out)
+        return out
+
+
+class _GroupStore:
+    def __init__(self, design: TableDesign) -> None:
+        self.index = HammingIndex(k=design.k, design=design)
+        self.fps, self.fetched, self.id_hash = _Column(np.uint64), _Column(np.int64), _Column(np.uint64)
+        self.ids, self.urls = StringHeap(), StringHeap()
+
+    @property
+    def nbytes(self) -> int:
+        cols = (self.fps, self.fetched, self.id_hash)
+        return self.index.nbytes + sum(c.data.nbytes for c in cols) + self.ids.nbytes + self.urls.nbytes
+
+    def probe_and_insert(self, sel, fps, fetched, id_hash, ids, urls, out: Answers) -> None:
+        found = self.index.search(fps)  # rows stored before this batch
+        q, row, dist = found.query, found.row, found.distance
+        # pages of this batch count too: compare the batch with itself
+        bq, br = np.nonzero(_pairwise_within(fps, self.index.k))
+        q = np.concatenate((q, bq))
+        dist = np.concatenate((dist, _popcount(fps[bq] ^ fps[br])))
+        row_fetched = np.concatenate((self.fetched.view()[row], fetched[br]))
+        row_hash = np.concatenate((self.id_hash.view()[row], id_hash[br]))
+        row_fp = np.concatenate((self.fps.view()[row], fps[br]))
+        ref = np.concatenate((row, -1 - br))  # >= 0 stored row, < 0 batch position
+        # already stored: same id and same fingerprint (a replay) -> do not store again
+        dup = np.zeros(len(fps), dtype=bool)
+        dup[q[(ref >= 0) & (dist == 0) & (row_hash == id_hash[q])]] = True
+        earlier = (row_fetched < fetched[q]) | ((row_fetched == fetched[q]) & (row_hash < id_hash[q]))
+        keep = earlier & (row_hash != id_hash[q])
+        q, dist, row_fetched, row_hash, row_fp, ref = (a[keep] for a in (q, dist, row_fetched, row_hash, row_fp, ref))
+        order = np.lexsort((row_hash, row_fetched, dist, q))  # nearest, then earliest
+        first = order[np.r_[True, q[order][1:] != q[order][:-1]]] if len(order) else order
+        for i in first.tolist():
+            p = int(sel[q[i]])
+            out.distance[p], out.fingerprint[p] = dist[i], row_fp[i]
+            out.fetched[p], out.id_hash[p] = row_fetched[i], row_hash[i]
+            r = int(ref[i])
+            local = -1 - r
+            out.ids[p] = self.ids[r] if r >= 0 else ids[local]
+            out.urls[p] = self.urls[r] if r >= 0 else urls[local]
+        # store the new pages once each (a page repeated inside the batch too)
+        first_in_batch = _first_occurrence(id_hash, fps)
+        new = np.flatnonzero(~dup & first_in_batch)
+        if len(new):
+            start = self.fps.n
+            self.index.add_many(list(range(start, start + len(new))), fps[new])
+            self.fps.extend(fps[new])
+            self.fetched.extend(fetched[new])
+            self.id_hash.extend(id_hash[new])
+            self.ids.extend([ids[i] for i in new.tolist()])
+            self.urls.extend([urls[i] for i in new.tolist()])
+
+
+def _popcount(x: np.ndarray) -> np.ndarray:
+    from .simhash import hamming_many
+
+    return hamming_many(np.uint64(0), x)
+
+
+def _pairwise_within(fps: np.ndarray, k: int) -> np.ndarray:
+    """Boolean (n, n) matrix: batch pages i, j within k bits, i != j."""
+    d = _popcount(fps[:, None] ^ fps[None, :])
+    np.fill_diagonal(d, k + 1)
+    return d <= k
+
+
+def _first_occurrence(id_hash: np.ndarray, fps: np.ndarray) -> np.ndarray:
+    """True for the first of the batch's probes with each (id hash, fingerprint)."""
+    pairs = np.stack((id_hash, fps), axis=1)
+    _, first = np.unique(pairs, axis=0, return_index=True)
+    mask = np.zeros(len(fps), dtype=bool)
+    mask[first] = True
+    return mask

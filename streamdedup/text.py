@@ -1,0 +1,425 @@
+"""Raw crawled page -> normalised visible main text (what the fingerprinting modules consume).
+
+Output: NFKC; controls, invisible format characters (soft hyphen, ZWSP, bidi marks, BOM) and private-use
+icon glyphs removed; whitespace runs collapsed to one space; stripped.  Block boundaries become a space
+(``<p>a</p><p>b</p>`` -> ``a b``), inline elements never split a word (``<b>wo</b>rd`` -> ``word``);
+entities decoded; attributes and comments ignored.  A dropped element vanishes without leaving a space,
+as if the page never contained it.
+
+Dropped from HTML: (1) always (``_ALWAYS_DROP``): ``head`` -- so ``<title>`` is NOT part of the text, as
+mirrors rewrite titles --, scripts, styles, ``noscript``, ``template``, ``svg``, ``math``, embedded
+objects/media, frames, form controls, ``dialog``, ``rp``; (2) ``nav``, ``aside``, ``footer``; ``header``
+unless inside ``article``/``main`` (there it holds the title); ``form`` unless it wraps the page (ASP.NET):
+one wrapping ``main``, holding ``h1``/``h2``/``main``/``article`` or >= 1000 chars stays; (3) ``hidden``
+(not ``until-found``), ``aria-hidden="true"``, inline ``display:none``/``visibility:hidden``, ARIA roles
+``_ROLES``; (4) class tokens and ids flagged by ``_boiler_key`` (nav, menu, sidebar, footer, breadcrumb,
+cookie/consent/gdpr, ad/ads/advert, sponsor, share/social, pagination, sr-only, comment-count...;
+token-based, so ``header-anchor``, ``download``, ``shadow``, ``has-sidebar``, ``nav-open`` stay) and custom
+elements so named (``<cookie-banner>``).  Attributes are inspected on block and custom elements and
+``span/ins/small/label`` (not on ``a``, ``code``, ``em``...: cost).  Guards: ``html``, ``body``,
+``main``/``[role=main]`` (else ``article``) and their ancestors are never dropped by rules (3)-(4); with
+no such anchor, a (3)-(4) match holding over half the page text is kept.
+"""
+from __future__ import annotations
+
+import codecs
+import re
+import unicodedata
+from functools import lru_cache
+
+from selectolax.lexbor import LexborHTMLParser, LexborNode, SelectolaxError
+
+__all__ = ["PageError", "sniff_content_type", "decode_body", "visible_text", "normalize_text"]
+
+
+class PageError(ValueError):
+    """Bad page content; ``.reason`` is one of ``empty``, ``binary``, ``not_text``, ``unparsable``."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason, self.message = reason, message
+
+    def __reduce__(self):
+        return (type(self), (self.reason, self.message))
+
+
+_EMPTY = "page has no content"
+_SPACES = re.compile("  +")
+_ASCII_PRINTABLE = bytes(range(0x20, 0x7F))
+_JUNK = re.compile("[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f\u00ad\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064"
+                   "\u2066-\u2069\ud800-\udfff\ue000-\uf8ff\ufeff]+")
+
+
+def normalize_text(text: str) -> str:
+    """NFKC, drop controls/invisible format chars/private-use icons, collapse whitespace, strip.
+
+    >>> normalize_text(" \\uff21\\ufb01\\u00ad x\\n\\t y\\u2026\\u00a0z ")
+    'Afi x y... z'
+    """
+    text = _SPACES.sub(" ", text.replace("\n", " ").replace("\t", " ").replace("\r", " ").replace("\xa0", " "))
+    if text.isascii():
+        return (text if text.isprintable() else " ".join(_JUNK.sub("", text).split())).strip()
+    # Unicode property checks cost ~25 instructions/char: run them on the non-ASCII characters only.
+    rb = text.encode("utf-8", "surrogatepass").translate(None, _ASCII_PRINTABLE)
+    rare = rb.decode("utf-8", "surrogatepass")
+    if not rare.isprintable():  # controls, format chars, unusual whitespace, private-use icons
+        text = " ".join(_JUNK.sub("", text).split())
+        rb = text.encode("utf-8").translate(None, _ASCII_PRINTABLE)
+        rare = rb.decode("utf-8")
+    if b"\xcc" not in rb and b"\xcd" not in rb and unicodedata.is_normalized("NFKC", rare):
+        return text.strip()  # (U+0300.. are Latin combining marks that may compose with an ASCII letter)
+    fixes = {c: unicodedata.normalize("NFKC", c) for c in set(rare)} if len(rare) < 2000 else {}
+    fixes = {c: n for c, n in fixes.items() if c != n}
+    if fixes and not any(unicodedata.category(c)[0] == "M" or "\u1100" <= c <= "\u11ff" or "\ua960" <= c <= "\ua97f"
+                         or "\ud7b0" <= c <= "\ud7ff" for c in set(rare).union(*fixes.values())):
+        for c, n in fixes.items():  # no combining marks or conjoining jamo: NFKC is context-free here
+            text = text.replace(c, n)
+    else:
+        text = unicodedata.normalize("NFKC", text)
+    return (_SPACES.sub(" ", text) if "  " in text else text).strip()  # NFKC: U+00A8 -> " \u0308"
+
+
+# ---------------------------------------------------------------- content types and decoding
+_HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
+_SNIFF_TYPES = frozenset({"", "unknown/unknown", "application/unknown", "*/*"})
+_CT_CHARSET = re.compile(r"charset\s*=\s*[\"']?([^\"';\s]+)", re.I)
+_SNIFF = re.compile(r"<(?:!doctype\s+html|html|head|body|title|meta|link|base|script|style|div|p|br|hr|table|tr|td|"
+                    r"h[1-6]|a|span|ul|ol|li|b|i|u|em|strong|font|iframe|frameset|center|img|form|pre|section|article|"
+                    r"nav|main)(?=[\s/>])|<!--", re.I)
+_MAGIC = (b"\x89PNG", b"%PDF-", b"PK\x03\x04", b"PK\x05\x06", b"\x1f\x8b", b"GIF87a", b"GIF89a", b"\xff\xd8\xff",
+          b"RIFF", b"OggS", b"ID3", b"fLaC", b"wOFF", b"wOF2", b"\x7fELF", b"\xfd7zXZ\x00", b"7z\xbc\xaf\x27\x1c",
+          b"Rar!\x1a\x07", b"\x28\xb5\x2f\xfd", b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", b"\xca\xfe\xba\xbe",
+          b"\x00asm", b"II*\x00", b"MM\x00*", b"\x1a\x45\xdf\xa3", b"\x00\x00\x01\x00")
+_CTRL = bytes(range(0, 9)) + b"\x0b" + bytes(range(0x0E, 0x1B)) + bytes(range(0x1C, 0x20)) + b"\x7f"
+_CTRL_RE = re.compile("[\x00-\x08\x0b\x0e-\x1a\x1c-\x1f\x7f]")
+_BOMS = ((b"\xef\xbb\xbf", "utf-8"), (b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be"))
+_META = re.compile(rb"<meta[^>]*?charset\s*=\s*[\"']?\s*([a-z0-9_.:\-]+)"
+                   rb"|^\s*<\?xml[^>]*?encoding\s*=\s*[\"']([a-z0-9_.:\-]+)", re.I)
+# WHATWG label -> Python codec where Python lacks the alias or is stricter than browsers.
+_LABELS = {"iso-8859-1": "cp1252", "iso8859-1": "cp1252", "latin1": "cp1252", "latin-1": "cp1252",
+           "ascii": "cp1252", "us-ascii": "cp1252", "iso-8859-9": "cp1254", "gb2312": "gb18030", "gbk": "gb18030",
+           "x-gbk": "gb18030", "euc-kr": "cp949", "shift_jis": "cp932", "sjis": "cp932", "x-sjis": "cp932",
+           "ms_kanji": "cp932", "windows-31j": "cp932", "big5": "big5hkscs", "tis-620": "cp874",
+           "iso-8859-11": "cp874", "iso-8859-8-i": "iso8859-8", "unicode": "utf-16-le",
+           "unicode-1-1-utf-8": "utf-8", "x-mac-roman": "mac-roman"}
+_BAD_CODECS = frozenset("utf-7 unicode-escape raw-unicode-escape idna punycode undefined charmap".split())
+_UTF16 = frozenset({"utf-16-le", "utf-16-be"})
+
+
+def _split_ct(content_type: str | None) -> tuple[str, str | None]:
+    mime, _, params = (content_type if isinstance(content_type, str) else "").partition(";")
+    m = _CT_CHARSET.search(params)
+    return mime.strip().lower(), (m.group(1) if m else None)
+
+
+def sniff_content_type(content: str | bytes) -> str:
+    """Guess ``'text/html'`` or ``'text/plain'`` from the first ~1 KB.
+
+    >>> sniff_content_type(b"<!DOCTYPE html><p>hi"), sniff_content_type("just 1 < 2 text")
+    ('text/html', 'text/plain')
+    """
+    head = content[:4096]
+    if not isinstance(head, str):
+        head = bytes(head).replace(b"\x00", b"").decode("latin-1")
+    return "text/html" if _SNIFF.search(head.lstrip()[:1024]) else "text/plain"
+
+
+@lru_cache(maxsize=512)
+def _codec(label: str | None) -> str | None:
+    """Charset label -> usable Python text codec name, or None if unknown/unsafe."""
+    if not isinstance(label, str) or not label or len(label) > 40:
+        return None
+    label = label.strip().strip("\"'").lower()
+    try:
+        info = codecs.lookup(_LABELS.get(label, label))
+    except (LookupError, ValueError):
+        return None
+    if not getattr(info, "_is_text_encoding", True) or info.name in _BAD_CODECS or info.name.startswith("utf-32"):
+        return None
+    return {"utf-8-sig": "utf-8", "utf-16": "utf-16-le"}.get(info.name, info.name)
+
+
+def _check_text(text: str) -> str:
+    sample = text[:4096]
+    n = len(_CTRL_RE.findall(sample))
+    if n > 2 and n * 20 > len(sample):
+        raise PageError("binary", f"{n} control characters in the first {len(sample)} characters")
+    if not text or text.isspace():
+        raise PageError("empty", _EMPTY)
+    return text
+
+
+def _decode(raw: bytes, charset: str | None, content_type: str | None) -> tuple[str | None, bytes | None]:
+    """-> (text, None), or (None, raw) when raw is plain UTF-8 (lexbor parses it as is)."""
+    if not raw or raw.isspace():
+        raise PageError("empty", _EMPTY)
+    if raw.startswith(_MAGIC) or raw[4:8] == b"ftyp":
+        raise PageError("binary", f"binary file signature {raw[:8]!r}")
+    for bom, enc in _BOMS:
+        if raw.startswith(bom):
+            return _check_text(raw[len(bom):].decode(enc, "replace")), None
+    mime, ct_charset = _split_ct(content_type)
+    declared, sample = _codec(charset) or _codec(ct_charset), raw[:1024]
+    if b"\x00" in sample:
+        half, odd, even = len(sample) // 2 or 1, sample[1::2].count(0), sample[0::2].count(0)
+        if declared in _UTF16 and odd + even > half // 4:
+            return _check_text(raw.decode(declared, "replace")), None
+        if len(sample) >= 32 and max(odd, even) > half * 0.4 and min(odd, even) < half * 0.05:  # UTF-16, no label
+            return _check_text(raw.decode("utf-16-le" if odd > even else "utf-16-be", "replace")), None
+    ctrl = len(sample) - len(sample.translate(None, _CTRL))
+    if ctrl > 2 and ctrl * 20 > len(sample):
+        raise PageError("binary", f"{ctrl} control bytes in the first {len(sample)} bytes")
+    try:  # valid UTF-8 wins over a declared legacy charset (mislabelled servers are common)
+        if not raw.isascii():
+            raw.decode("utf-8")  # (validation only: CPython's decoder beats any byte scan)
+            return None, raw
+        if b"\x1b" not in raw:  # (ESC: maybe 7-bit ISO-2022-*)
+            return None, raw
+    except UnicodeDecodeError:
+        pass
+    cands = [declared]
+    if mime in _HTML_TYPES or mime in _SNIFF_TYPES:
+        m = _META.search(raw[:2048])
+        cands.append(_codec(m and (m.group(1) or m.group(2)).decode("ascii")))
+    cands = [c for c in cands if c and c != "utf-8" and c not in _UTF16]  # (a <meta> utf-16 means utf-8)
+    for enc in cands:
+        try:
+            return _check_text(raw.decode(enc)), None
+        except UnicodeDecodeError:
+            pass
+    if raw.isascii():
+        return None, raw
+    for enc in cands:  # declared, with a few bad bytes: keep it if the damage is < 1%
+        t = raw.decode(enc, "replace")
+        if t.count("\ufffd") * 100 <= len(t):
+            return _check_text(t), None
+    t = raw.decode("utf-8", "replace")  # UTF-8 with damage, or really cp1252?
+    bad = t.count("\ufffd")
+    good = len(t) - len(t.encode("ascii", "ignore")) - bad
+    return _check_text(t if good >= bad else raw.decode("cp1252", "replace")), None
+
+
+def decode_body(raw: bytes, charset: str | None = None, content_type: str | None = None) -> str:
+    """Decode a body: BOM, valid UTF-8, HTTP ``charset`` (else ``content_type``'s), ``<meta>``, guess.
+
+    Strictly valid UTF-8 wins over a declared legacy charset; unknown or unsafe charset names are ignored;
+    undeclared invalid UTF-8 stays UTF-8 or is re-read as cp1252, whichever loses less.  Raises ``PageError``
+    ``empty`` / ``binary``.
+
+    >>> decode_body("<p>café</p>".encode("cp1252"), charset="utf-8")
+    '<p>café</p>'
+    >>> decode_body(b"\\x89PNG\\r\\n\\x1a\\n...")
+    Traceback (most recent call last):
+    streamdedup.text.PageError: binary file signature b'\\x89PNG\\r\\n\\x1a\\n'
+    """
+    text, utf8 = _decode(bytes(raw), charset, content_type)
+    return text if utf8 is None else utf8.decode("utf-8", "replace")
+
+
+# ---------------------------------------------------------------- HTML
+_ALWAYS_DROP = ("head title script style noscript template svg math iframe frame frameset noframes object embed "
+                "applet audio video canvas map button select textarea input datalist dialog rp").split()
+_SEMANTIC_DROP = ("nav", "aside", "footer", "header", "form")
+_BLOCKS = ("address article aside blockquote br caption center dd details dir div dl dt fieldset figcaption figure "
+           "footer form h1 h2 h3 h4 h5 h6 header hgroup hr legend li listing main menu nav ol p pre section summary "
+           "table tbody td tfoot th thead tr ul xmp plaintext search").split()
+_INLINE_INSPECTED = ("span", "ins", "small", "label")
+_WRAPPERS = ("div", "section", "table", "tbody", "tr", "td", "center", "span", "ul")
+_ROLES = frozenset("navigation banner contentinfo complementary search menu menubar dialog alertdialog".split())
+_BOILER_PARTS = frozenset("""nav navbar navigation navlinks navmenu topnav subnav sidenav menu menubar submenu megamenu
+    sidebar sidebars breadcrumb breadcrumbs crumbs footer masthead cookie cookies cookiebanner cookieconsent consent
+    gdpr ad ads adsbygoogle adslot adunit adsense adbox adzone advert adverts advertisement advertisements advertising
+    sponsor sponsors sponsored share shares sharing sharebar sharethis addthis addtoany social socials pagination
+    pager noprint newsletter""".split())
+_BOILER_WHOLE = frozenset("""sr-only screen-reader-text visually-hidden visuallyhidden no-print hidden-print
+    d-print-none skip-link skip-links skiplinks skip-to-content comment-count comments-count""".split())
+_HEADER_TOKEN = re.compile(r"(?:(?:site|page|global|top|main)[-_])?header"
+                           r"(?:[-_](?:wrap|wrapper|container|inner|bar|top|nav|navigation|menu|area|links))?")
+_STATE = frozenset("has with without no is show hide".split())  # state flags: body.has-sidebar
+_STATE_LAST = frozenset("open opened active visible collapsed expanded closed fixed enabled disabled".split())
+_SAFE_TOKEN, _SPLIT = re.compile(r"[a-z0-9_-]{1,80}"), re.compile(r"[-_]+")
+_HIDDEN_STYLE = re.compile(r"display\s*:\s*none|visibility\s*:\s*hidden", re.I)
+# lexbor's tree builder is O(depth) per nested block start tag: flatten absurd nesting ("div soup") first.
+_NESTING = ("address article aside blockquote center details dialog dir div dl fieldset figcaption figure footer "
+            "header hgroup main menu nav ol search section summary ul").split()
+_NESTING_RE = re.compile(rb"</?(?:%s)(?=[\s/>])[^>]*>" % "|".join(_NESTING).encode(), re.I)
+_NESTING_KEYS = sorted({(ord(t[0]) << 16) | (ord(t[1]) << 8) | (ord(t[2]) if len(t) > 2 else d | 32)
+                        for t in _NESTING for d in (b" >/\t\n\r\f" if len(t) == 2 else b" ")})
+
+
+@lru_cache(maxsize=16384)
+def _boiler_key(tok: str) -> str | None:
+    """The boilerplate marker in a class token / id / custom tag name (case-insensitive), or None.
+
+    >>> [_boiler_key(t) for t in ("site-header", "header-anchor", "main-nav", "download", "shadow",
+    ...                           "ad-slot", "has-sidebar", "nav-open", "menu-item-42", "Breadcrumbs")]
+    ['site-header', None, 'nav', None, None, 'ad', None, None, 'menu', 'breadcrumbs']
+    """
+    tok = tok.lower()
+    if not _SAFE_TOKEN.fullmatch(tok):
+        return None
+    if tok in _BOILER_WHOLE or _HEADER_TOKEN.fullmatch(tok):
+        return tok
+    parts = [p for p in _SPLIT.split(tok) if p]
+    if not parts or parts[-1] in _STATE_LAST or not _STATE.isdisjoint(parts):
+        return None
+    return next((p for p in parts if p in _BOILER_PARTS), None)
+
+
+@lru_cache(maxsize=16384)
+def _class_is_boiler(value: str) -> bool:
+    return any(_boiler_key(t) for t in value.split())
+
+
+def _attr_verdict(attrs: dict) -> int:
+    """0 keep, 1 boilerplate/hidden, 2 main-content anchor (role=main)."""
+    if "role" in attrs:
+        role = (attrs["role"] or "").lower().split()
+        if "main" in role:
+            return 2
+        if not _ROLES.isdisjoint(role):
+            return 1
+    c, i = attrs.get("class"), attrs.get("id")
+    if (c and _class_is_boiler(c)) or (i and _boiler_key(i)):
+        return 1
+    if len(attrs) > (c is not None) + (i is not None):  # anything besides class/id?
+        if ("hidden" in attrs and (attrs["hidden"] or "").lower() != "until-found") \
+                or (attrs.get("aria-hidden") or "").strip().lower() == "true" \
+                or ("style" in attrs and _HIDDEN_STYLE.search(attrs["style"] or "")):
+            return 1
+    return 0
+
+
+_TAG = {t: LexborHTMLParser("").create_node(t).tag_id
+        for t in {"html", "body", *_ALWAYS_DROP, *_BLOCKS, *_INLINE_INSPECTED}}
+# kind: 1 block, 2 always dropped, 3 semantic drop, 4 article/main, 5 inline but attributes inspected
+_KIND = {**{_TAG[t]: 1 for t in _BLOCKS}, **{_TAG[t]: 2 for t in _ALWAYS_DROP}, **{_TAG[t]: 3 for t in _SEMANTIC_DROP},
+         _TAG["main"]: 4, _TAG["article"]: 4, **{_TAG[t]: 5 for t in _INLINE_INSPECTED}}
+_WRAPPER_IDS = frozenset(_TAG[t] for t in _WRAPPERS)
+_STOP = (_TAG["html"], _TAG["body"], _TAG["main"], _TAG["article"])
+try:  # bypass Cython's fused-type dispatch, which is half the cost of an insert
+    _INS_BEFORE, _INS_AFTER = LexborNode.insert_before["bytes"], LexborNode.insert_after["bytes"]
+except (TypeError, KeyError, AttributeError):  # pragma: no cover - other selectolax builds
+    _INS_BEFORE, _INS_AFTER = LexborNode.insert_before, LexborNode.insert_after
+
+
+def _flatten_deep(data: bytes) -> bytes:
+    if len(data) < 60_000 or data.count(b"<") < 8000:  # depth < 12000 costs lexbor < 0.2 s
+        return data
+    import numpy as np
+
+    a = np.frombuffer(data, np.uint8)
+    lt = np.flatnonzero(a[:-4] == 60)
+    close = a[lt + 1] == 47
+    s = lt + 1 + close
+    key = (a[s] | 32).astype(np.int64) << 16 | (a[s + 1] | 32).astype(np.int64) << 8 | (a[s + 2] | 32)
+    steps = 1 - 2 * close[np.isin(key, _NESTING_KEYS)].astype(np.int64)
+    return _NESTING_RE.sub(b" ", data) if steps.size and steps.cumsum().max() > 4000 else data
+
+
+def _ancestor(n: LexborNode, stop: tuple[int, ...]) -> LexborNode | None:
+    p = n.parent
+    while p is not None and p.tag_id not in stop:
+        p = p.parent
+    return p
+
+
+def _html_text(data: bytes) -> str:
+    try:
+        tree = LexborHTMLParser(_flatten_deep(data), scripting=True)
+    except SelectolaxError as e:  # pragma: no cover - lexbor only fails on allocation
+        raise PageError("unparsable", f"HTML parser failed: {e}") from None
+    root = tree.root
+    if root is None:  # pragma: no cover
+        return ""
+    if tree.head is not None:
+        tree.head.decompose(recursive=False)
+    kinds, cands, mains, articles, verdict = _KIND, [], [], [], _attr_verdict
+    ins_before, ins_after, main_id = _INS_BEFORE, _INS_AFTER, _TAG["main"]
+    for n in tree.css("*"):  # one C walk; per element a dict lookup on its static tag id
+        t = n.tag_id
+        k = kinds.get(t)
+        if k is None:
+            if t < 0x10000:  # known inline element: no boundary, attributes not inspected
+                continue
+            k = 1 if _boiler_key(n.tag or "") is None else 3  # custom element: a block
+        elif k == 2:
+            n.decompose(False)
+            continue
+        if k != 5:  # block boundary -> space
+            ins_before(n, b" ")
+            ins_after(n, b" ")
+            if k == 3:
+                cands.append((n, False))
+                continue
+        attrs = n.attributes
+        if attrs:
+            v = verdict(attrs)
+            if v == 2 or t == main_id:
+                mains.append(n)
+            elif k == 4:
+                articles.append(n)
+            elif v:
+                cands.append((n, True))
+        elif k == 4:
+            (mains if t == main_id else articles).append(n)
+    anchors = mains or articles
+    protected = {a.mem_id for a in anchors}
+    for a in anchors if cands else ():  # never drop main content or anything wrapping it
+        p = a.parent
+        while p is not None and p.mem_id not in protected:
+            protected.add(p.mem_id)
+            p = p.parent
+    total, forms = None, []
+    for n, by_attr in cands:
+        t = n.tag_id
+        if by_attr:
+            if n.mem_id in protected or t in _STOP:
+                continue
+            if not anchors and t in _WRAPPER_IDS:  # no main/article: never take half the page
+                size = len(n.text())
+                total = len(root.text()) if total is None and size > 500 else total
+                if size > 500 and size * 2 > total:
+                    continue
+        elif t == _TAG["form"]:
+            forms.append(n)
+            continue
+        elif t == _TAG["header"] and (_ancestor(n, _STOP) or root).tag_id in _STOP[2:]:
+            continue  # an article's header holds its title
+        n.decompose(recursive=False)
+    for f in forms:  # search/login/comment forms go; a form wrapping the page (ASP.NET) stays
+        if f.mem_id not in protected and _ancestor(f, _STOP[:1]) is not None and len(f.text()) < 1000 \
+                and f.css_first("h1,h2,main,article") is None:  # (no html ancestor: inside a dropped element)
+            f.decompose(recursive=False)
+    return normalize_text(root.text())
+
+
+def visible_text(content: str | bytes, content_type: str | None = None, charset: str | None = None) -> str:
+    """Visible main text of a page, normalised (see the module docstring).
+
+    ``content_type`` None/empty/unknown is sniffed; ``text/html`` and ``application/xhtml+xml`` are extracted,
+    ``text/plain`` only normalised, anything else is ``PageError('not_text')``.  Bytes are decoded as by
+    :func:`decode_body` (``charset``: the HTTP header's).
+
+    >>> visible_text(b"<p>a</p><p>b<b>c</b>d &amp; e</p><nav>menu</nav><script>x()</script>")
+    'a bcd & e'
+    >>> visible_text("  ", "text/plain")
+    Traceback (most recent call last):
+    streamdedup.text.PageError: page has no content
+    """
+    if content is None:
+        raise PageError("empty", _EMPTY)
+    mime = _split_ct(content_type)[0]
+    if mime in _SNIFF_TYPES:
+        mime = sniff_content_type(content)
+    elif mime not in _HTML_TYPES and mime != "text/plain":
+        raise PageError("not_text", f"content type {mime!r} is neither HTML nor plain text")
+    if isinstance(content, str):
+        text, data = _check_text(content), None
+    elif isinstance(content, (bytes, bytearray, memoryview)):
+        text, data = _decode(bytes(content), charset, content_type)
+    else:
+        raise TypeError(f"content must be str or bytes, not {type(content).__name__}")
+    if mime == "text/plain":
+        return normalize_text(text if data is None else data.decode("utf-8", "replace"))
+    return _html_text(data if data is not None else text.encode("utf-8", "replace"))
