@@ -5,7 +5,7 @@ Layout (Manku et al. 2007, with the tables kept as sorted numpy runs)::
     row r:   fps[r] (uint64)   alive[r] (bool)   ids[r]          one row per added fingerprint
     run:     entries uint64[T*n] sorted: key << 32 | row, where key is the uint32
                      table << (32-t) | table key (see tables.py)
-             dir     offsets of the 2**D buckets of the keys' top D bits (~4 keys a bucket)
+             dir     bucket offsets, bucket = key * n_buckets >> 32 (~3 keys a bucket)
 
 A query packs its T table keys, looks each up in every run through the bucket directory
 (no binary search over hundreds of millions of keys), keeps the exact key matches, and checks
@@ -53,15 +53,17 @@ class Matches:
 class _Run:
     """One sorted run of entries ``key << 32 | row`` (uint64), with a bucket directory."""
 
-    __slots__ = ("entries", "_dir", "_shift")
+    __slots__ = ("entries", "_dir", "_buckets")
 
     #: Runs smaller than this are binary-searched: they sit in cache anyway.
     DIRECTORY_MIN = 1 << 16
+    #: Entries per directory bucket on average: 1.33 bytes of directory per entry.
+    PER_BUCKET = 3
 
     def __init__(self, entries: np.ndarray) -> None:
         self.entries = entries
         self._dir: np.ndarray | None = None
-        self._shift = np.uint64(0)
+        self._buckets = np.uint64(1)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -70,21 +72,23 @@ class _Run:
     def nbytes(self) -> int:
         return self.entries.nbytes + (0 if self._dir is None else self._dir.nbytes)
 
-    def _directory(self) -> np.ndarray:
-        """Offsets of the buckets of the keys' top bits, built on first use (~4 keys a bucket).
+    def _bucket(self, keys: np.ndarray) -> np.ndarray:
+        """Bucket of uint64 keys (< 2**32): ``key * buckets >> 32``, monotone in the key, so
+        any number of buckets works and the directory costs the same at every size."""
+        return (keys * self._buckets) >> np.uint64(32)
 
-        One sequential pass (bucket counts by chunks, then a cumulative sum) instead of a
-        binary search per bucket: the entries are sorted, so counts are all that is needed.
-        """
+    def _directory(self) -> np.ndarray:
+        """Offsets of the keys' buckets, built on first use by one counting pass over the
+        sorted entries (no binary search per bucket)."""
         if self._dir is None:
             n = len(self.entries)
-            bits = int(np.clip(n.bit_length() - 2, 1, 26))
-            self._shift = np.uint64(64 - bits)
-            offsets = np.zeros((1 << bits) + 1, dtype=np.int64)
+            nb = max(1, n // self.PER_BUCKET)
+            self._buckets = np.uint64(nb)
+            offsets = np.zeros(nb + 1, dtype=np.int64)
             chunk = 1 << 22
             for start in range(0, n, chunk):
-                buckets = (self.entries[start : start + chunk] >> self._shift).astype(np.intp)
-                offsets[1:] += np.bincount(buckets, minlength=1 << bits)
+                buckets = self._bucket(self.entries[start : start + chunk] >> np.uint64(32)).astype(np.intp)
+                offsets[1:] += np.bincount(buckets, minlength=nb)
             np.cumsum(offsets, out=offsets)
             self._dir = offsets.astype(np.uint32) if n < 2**32 else offsets
         return self._dir
@@ -102,7 +106,7 @@ class _Run:
             counts = np.searchsorted(self.entries, wide | np.uint64(0xFFFFFFFF), side="right") - lo
         else:
             directory = self._directory()
-            bucket = wide >> self._shift
+            bucket = self._bucket(needles.astype(np.uint64))
             lo = directory[bucket].astype(np.int64)
             counts = directory[bucket + np.uint64(1)].astype(np.int64) - lo
         total = int(counts.sum())
