@@ -131,7 +131,8 @@ class HammingIndex:
     """Stored 64-bit fingerprints, searchable by Hamming distance <= ``k``.
 
     ``design`` picks the tables: a :class:`TableDesign`, a name ("16", "20", "10", "4") for
-    k = 3, or ``None`` for the default (4 x 4 = 16 tables for k = 3; (k+1, k+1) otherwise).
+    k = 3, or ``None`` for the default (4 x 4 = 16 tables for k = 3, one table for k = 0,
+    (k+1, k+1) blocks otherwise).
     Ids may be any hashable values; an id added twice is stored twice.
     """
 
@@ -143,7 +144,7 @@ class HammingIndex:
         if isinstance(design, str):
             design = TableDesign.named(design, k=k)
         elif design is None:
-            design = TableDesign(k=k, levels=(4, 4) if k == 3 else (k + 1, k + 1))
+            design = TableDesign(k=k, levels=_default_levels(k))
         if design.k != k:
             raise ValueError(f"design is for k={design.k} but the index was asked for k={k}")
         self.k, self.design = k, design
@@ -307,6 +308,11 @@ class HammingIndex:
         self._alive[:] = False
         self._alive[: self._n] = True
         self._runs = [self._build_run(fps, np.arange(self._n, dtype=np.uint32))] if self._n else []
+
+
+def _default_levels(k: int) -> tuple[int, ...]:
+    """Manku's 4 x 4 for k = 3; one exact-match table for k = 0; (k+1, k+1) otherwise."""
+    return (4, 4) if k == 3 else (1,) if k == 0 else (k + 1, k + 1)
 
 
 def _as_fps(fingerprints: Iterable[int] | np.ndarray) -> np.ndarray:

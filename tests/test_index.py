@@ -163,6 +163,17 @@ def test_bad_arguments_say_how_to_fix(call, message):
         call(HammingIndex(k=3))
 
 
+@pytest.mark.parametrize("k", range(0, 9))
+def test_default_design_for_every_k_is_exact(k):
+    rng = np.random.default_rng(k)
+    stored = rng.integers(0, 2**64 - 1, size=300, dtype=np.uint64, endpoint=True).tolist()
+    queries = [flip(f, rng.choice(64, size=rng.integers(0, k + 2), replace=False).tolist()) for f in stored[:60]]
+    idx = HammingIndex(k=k)
+    idx.add_many(list(range(len(stored))), stored)
+    for q, res in zip(queries, idx.query_many(queries)):
+        assert sorted(res) == brute(stored, q, k)
+
+
 def test_design_must_match_k():
     with pytest.raises(ValueError, match="k=2"):
         HammingIndex(k=3, design=TableDesign(k=2, levels=(3, 3)))
