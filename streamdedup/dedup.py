@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
+from .arrays import GrowingArray
 from .fingerprint import Fingerprints
 from .index import HammingIndex
 from .lsh import LSHIndex, choose_bands
@@ -95,9 +96,9 @@ class Deduplicator:
             self._lsh = LSHIndex(threshold=threshold, num_perm=num_perm, b=b, r=r)
         else:
             self._lsh = None
-        self._sigs = _Column((num_perm,), np.uint32)  # combined: MinHash signatures by row
-        self._fps = _Column((), np.uint64)
-        self._id_hash = _Column((), np.uint64)
+        self._sigs = GrowingArray(np.uint32, (num_perm,))  # combined: MinHash signatures by row
+        self._fps = GrowingArray(np.uint64)
+        self._id_hash = GrowingArray(np.uint64)
         self._ids: list[str] = []
         self._urls: list[str] = []
 
@@ -145,14 +146,14 @@ class Deduplicator:
         return found.query, found.row, found.resemblance
 
     def _verify(self, query: np.ndarray, row: np.ndarray, sigs: np.ndarray):
-        resemblance = (self._sigs.data[row] == sigs[query]).mean(axis=1)
+        resemblance = (self._sigs.view()[row] == sigs[query]).mean(axis=1)
         keep = resemblance >= self.threshold
         return query[keep], row[keep], resemblance[keep]
 
     def _verdicts(self, base: int, query: np.ndarray, row: np.ndarray, score: np.ndarray,
                   fps: np.ndarray) -> list[Verdict]:
         own = base + query
-        id_hash = self._id_hash.data
+        id_hash = self._id_hash.view()
         keep = (row < own) & (id_hash[row] != id_hash[own])
         query, row, score = query[keep], row[keep], score[keep]
         # best = highest score (smallest distance / highest resemblance), then oldest row
@@ -169,36 +170,11 @@ class Deduplicator:
                 out.append(Verdict(self._ids[r], self._urls[r], "unique", fp))
                 continue
             m, s = best[q]
-            distance = (fp ^ int(self._fps.data[m])).bit_count()
+            distance = (fp ^ int(self._fps.view()[m])).bit_count()
             similarity = None if self.algorithm == "simhash" else float(s)
             out.append(Verdict(self._ids[r], self._urls[r], "near_duplicate", fp,
                                self._ids[m], self._urls[m], distance, similarity))
         return out
-
-
-class _Column:
-    """An array that grows by appending, with amortised O(1) cost per row."""
-
-    def __init__(self, shape: tuple[int, ...], dtype: type) -> None:
-        self._buf = np.empty((64, *shape), dtype=dtype)
-        self._n = 0
-
-    @property
-    def data(self) -> np.ndarray:
-        return self._buf[: self._n]
-
-    @property
-    def nbytes(self) -> int:
-        return self._buf.nbytes
-
-    def extend(self, rows: np.ndarray) -> None:
-        need = self._n + len(rows)
-        if need > len(self._buf):
-            grown = np.empty((max(need, 2 * len(self._buf)), *self._buf.shape[1:]), dtype=self._buf.dtype)
-            grown[: self._n] = self._buf[: self._n]
-            self._buf = grown
-        self._buf[self._n : need] = rows
-        self._n = need
 
 
 def _id_hashes(ids: Sequence[str]) -> np.ndarray:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .arrays import GrowingArray
 from .features import mix64
 from .index import HammingIndex
 from .tables import TableDesign
@@ -120,24 +121,6 @@ class StringHeap:
         return self._data[start : int(self._ends[i])].decode("utf-8", "surrogatepass")
 
 
-class _Column:
-    """A growable 1-d numpy column."""
-
-    def __init__(self, dtype: type) -> None:
-        self.data = np.empty(1024, dtype=dtype)
-        self.n = 0
-
-    def extend(self, values: np.ndarray) -> None:
-        need = self.n + len(values)
-        if need > len(self.data):
-            self.data = np.resize(self.data, max(need, 2 * len(self.data)))
-        self.data[self.n : need] = values
-        self.n = need
-
-    def view(self) -> np.ndarray:
-        return self.data[: self.n]
-
-
 @dataclass
 class Answers:
     """One shard's answers to a batch of probes, aligned with the probes.
@@ -188,13 +171,13 @@ class Shard:
 class _GroupStore:
     def __init__(self, design: TableDesign) -> None:
         self.index = HammingIndex(k=design.k, design=design)
-        self.fps, self.fetched, self.id_hash = _Column(np.uint64), _Column(np.int64), _Column(np.uint64)
+        self.fps, self.fetched, self.id_hash = GrowingArray(np.uint64), GrowingArray(np.int64), GrowingArray(np.uint64)
         self.ids, self.urls = StringHeap(), StringHeap()
 
     @property
     def nbytes(self) -> int:
         cols = (self.fps, self.fetched, self.id_hash)
-        return self.index.nbytes + sum(c.data.nbytes for c in cols) + self.ids.nbytes + self.urls.nbytes
+        return self.index.nbytes + sum(c.nbytes for c in cols) + self.ids.nbytes + self.urls.nbytes
 
     def probe_and_insert(self, sel, fps, fetched, id_hash, ids, urls, out: Answers) -> None:
         found = self.index.search(fps)  # rows stored before this batch
@@ -227,7 +210,7 @@ class _GroupStore:
         first_in_batch = _first_occurrence(id_hash, fps)
         new = np.flatnonzero(~dup & first_in_batch)
         if len(new):
-            start = self.fps.n
+            start = len(self.fps)
             self.index.add_many(list(range(start, start + len(new))), fps[new])
             self.fps.extend(fps[new])
             self.fetched.extend(fetched[new])

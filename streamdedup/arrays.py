@@ -1,0 +1,43 @@
+"""A numpy array that grows by appending rows, at amortised O(1) cost per row.
+
+>>> col = GrowingArray(np.uint64); col.extend(np.arange(3, dtype=np.uint64)); col.view().tolist()
+[0, 1, 2]
+>>> sigs = GrowingArray(np.uint32, (4,)); sigs.extend(np.ones((2, 4), np.uint32)); sigs.view().shape
+(2, 4)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["GrowingArray"]
+
+
+class GrowingArray:
+    """Rows of a fixed shape and dtype, appended in batches; the buffer doubles when full."""
+
+    __slots__ = ("_buf", "n")
+
+    def __init__(self, dtype: type, row_shape: tuple[int, ...] = ()) -> None:
+        self._buf = np.empty((64, *row_shape), dtype=dtype)
+        self.n = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    @property
+    def nbytes(self) -> int:
+        return self._buf.nbytes
+
+    def view(self) -> np.ndarray:
+        """The rows appended so far (a view: valid until the next extend)."""
+        return self._buf[: self.n]
+
+    def extend(self, rows: np.ndarray) -> None:
+        need = self.n + len(rows)
+        if need > len(self._buf):
+            grown = np.empty((max(need, 2 * len(self._buf)), *self._buf.shape[1:]), dtype=self._buf.dtype)
+            grown[: self.n] = self._buf[: self.n]
+            self._buf = grown
+        self._buf[self.n : need] = rows
+        self.n = need
