@@ -34,6 +34,7 @@ def one_run(n: int, batch: int, qbatch: int, design: str, seed: int) -> dict:
     t0 = time.perf_counter()
     idx.prepare()  # the lookup directories that the first queries would build
     prepare_s = time.perf_counter() - t0
+    table_bytes, index_bytes = idx.table_nbytes / len(idx), idx.nbytes / len(idx)  # at exactly n
 
     n_queries = min(200 * qbatch, n)
     near = fps[rng.integers(0, n, size=n_queries // 2)]
@@ -65,8 +66,9 @@ def one_run(n: int, batch: int, qbatch: int, design: str, seed: int) -> dict:
         "query_per_s": len(queries) / query_s,
         "query_then_insert_pages_per_s": len(extra) / mixed_s,
         "matches": found,
-        "table_bytes_per_fp": idx.table_nbytes / n,
-        "index_bytes_per_fp": idx.nbytes / n,
+        "table_bytes_per_fp": table_bytes,
+        "index_bytes_per_fp": index_bytes,
+        "table_bytes_per_fp_at_end": idx.table_nbytes / len(idx),
         "runs": len(idx._runs),
         "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
