@@ -14,8 +14,8 @@ fingerprints within ``k`` bits.  The T tables of one run share one array because
 number sits in the top bits of the key.
 
 Inserts are log-structured: a batch becomes a small sorted run, and the newest run is merged
-into the one before it while it is at least a quarter of its size, so there are O(log n)
-runs and each entry is copied O(log n) times, by linear merges (numpy's stable sort is
+into the one before it while it is at least a quarter of its size (or that run is small), so
+there are O(log n) runs and each entry is copied O(log n) times, by linear merges (numpy's stable sort is
 timsort, which merges two sorted runs in linear time).  Small runs are
 binary-searched; big ones get their directory on first use.
 ``remove`` marks a row dead; dead rows are dropped when they are half of all rows.
@@ -139,6 +139,9 @@ class HammingIndex:
     #: A new run is merged into the one before it while it is at least 1/MERGE_RATIO of its
     #: size: 1 is a binary counter; 4 measured best at 10M fingerprints (bench/index_bench.py).
     MERGE_RATIO = 4
+    #: Runs below this many entries are merged into the next run at once: each costs a
+    #: binary search per query, and merging them is cheap.
+    SMALL_RUN = 1 << 18
 
     def __init__(self, k: int = 3, design: TableDesign | str | None = None) -> None:
         if isinstance(design, str):
@@ -193,7 +196,8 @@ class HammingIndex:
         self._ids.extend(ids)
         self._n += m
         self._runs.append(self._build_run(fps, np.arange(start, start + m, dtype=np.uint32)))
-        while len(self._runs) >= 2 and self.MERGE_RATIO * len(self._runs[-1]) >= len(self._runs[-2]):
+        while len(self._runs) >= 2 and (self.MERGE_RATIO * len(self._runs[-1]) >= len(self._runs[-2])
+                                         or len(self._runs[-2]) < self.SMALL_RUN):
             new = self._runs.pop()
             self._runs[-1] = _Run.merge(self._runs[-1], new)
 

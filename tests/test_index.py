@@ -50,7 +50,9 @@ def planted(draw, k: int):
 @pytest.fixture(params=["binary-search", "directory"])
 def lookup_path(request, monkeypatch):
     """Run a test with small runs binary-searched (the default) and with every run
-    looked up through a bucket directory (the path big runs take)."""
+    looked up through a bucket directory (the path big runs take); small runs are not merged
+    eagerly, so that the test data makes several runs."""
+    monkeypatch.setattr(HammingIndex, "SMALL_RUN", 1)
     if request.param == "directory":
         monkeypatch.setattr(_Run, "DIRECTORY_MIN", 1)
     return request.param
