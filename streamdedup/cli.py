@@ -70,14 +70,12 @@ def scan(input: Path, output: Path, algorithm: str, k: int, design: str | None, 
         if input_format == "warc":
             raise click.BadParameter("WARC input must be a file", param_hint="--input-format")
         records = read_jsonl(sys.stdin.buffer, max_page_bytes)
-        total = None
     else:
         records = read_pages(input, input_format, max_page_bytes)
-        total = input.stat().st_size
     show = sys.stderr.isatty() if progress is None else progress
     out = sys.stdout if str(output) == "-" else output.open("w", encoding="utf-8")
     try:
-        with _progress(show, total, input) as bar:
+        with _progress(show, input) as bar:
             summary = scan_pages(records, dedup, out, batch_size, report_bad,
                                  on_progress=lambda n: bar.update(n))
     finally:
@@ -90,10 +88,10 @@ def scan(input: Path, output: Path, algorithm: str, k: int, design: str | None, 
                + (f"; skipped {bad} bad records ({reasons})" if bad else ""), err=True)
 
 
-def _progress(show: bool, total: int | None, input: Path):
+def _progress(show: bool, input: Path):
     from tqdm import tqdm
 
-    # Counted in records; the file size is only known in bytes, so no total is shown.
+    # Counted in pages; a file's page count is unknown until it is read, so no total.
     return tqdm(disable=not show, unit=" pages", desc=str(input.name or "stdin"), file=sys.stderr,
                 dynamic_ncols=True, smoothing=0.1)
 
