@@ -171,14 +171,6 @@ def log(msg: str) -> None:
     print(f"[corpus {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 # --------------------------------------------------------------------------
 # Fetching
 # --------------------------------------------------------------------------
@@ -749,7 +741,7 @@ def deb_pages(src: DebSource, data: Path, rng: random.Random, manifest: dict) ->
     pages = [Page(id=f"{src.key}/{rel}", url=f"https://{src.host}/{rel}", content=decode_html(p.read_bytes()),
                   source=f"deb:{src.package}") for rel, p in files]
     manifest["sources"].append({"kind": "debian", "key": src.key, "package": src.package, "version": version,
-                                "pinned_version": src.version, "file": deb.name, "sha256": sha256_file(deb),
+                                "pinned_version": src.version, "file": deb.name, "sha256": gt.file_sha256(deb),
                                 "candidates": len(pages)})
     return pages
 
@@ -799,7 +791,7 @@ def family_pages(fam: PypiFamily, data: Path, rng: random.Random, manifest: dict
                               content=html_, source=f"pypi:{fam.name}=={ver}"))
             kept += 1
         manifest["sources"].append({"kind": "pypi-sdist", "key": f"{fam.key}-{ver}", "package": fam.name,
-                                    "version": ver, "file": archive.name, "sha256": sha256_file(archive),
+                                    "version": ver, "file": archive.name, "sha256": gt.file_sha256(archive),
                                     "candidates": kept, "unchanged_dropped": unchanged_dropped})
         log(f"  {fam.name} {ver}: {len(docs)} doc sources, {kept} pages kept, {unchanged_dropped} unchanged dropped")
     return pages
@@ -1276,7 +1268,7 @@ def build(out: Path, seed: int = 1, max_pages: int | None = None, processes: int
                    "variants": sum(1 for p in pages if p.variant_of), "by_kind": dict(sorted(by_kind.items())),
                    "by_source": dict(sorted(by_source.items())), "variants_before_base": first,
                    "dropped": dict(dropped), "variant_failures": dict(failures)},
-        "files": {name: {"sha256": sha256_file(out / name), "bytes": (out / name).stat().st_size}
+        "files": {name: {"sha256": gt.file_sha256(out / name), "bytes": (out / name).stat().st_size}
                   for name in ("corpus.jsonl", "corpus-text.jsonl")},
         "build_seconds": round(time.time() - t0, 1),
         "markup_transforms": {p.id: p.meta["markup_transforms"] for p in pages if "markup_transforms" in p.meta
