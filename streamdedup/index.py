@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .arrays import GrowingArray
 from .simhash import hamming_many
 from .tables import TableDesign
 
@@ -153,7 +154,7 @@ class HammingIndex:
         self.k, self.design = k, design
         self._fps = np.empty(1024, dtype=np.uint64)
         self._alive = np.zeros(1024, dtype=bool)
-        self._ids: list[Hashable] = []
+        self._ids = _Ids()
         self._n = 0  # rows used
         self._dead = 0
         self._runs: list[_Run] = []
@@ -169,12 +170,12 @@ class HammingIndex:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held in numpy arrays: tables plus fingerprints and the alive mask.
+        """Bytes held: tables, fingerprints, the alive mask and the ids.
 
-        The ids themselves are Python objects owned by the caller and not counted; use
-        small ids (ints) when storing millions of fingerprints.
+        Integer ids are kept in a numpy column (8 bytes each); other ids (strings...) are the
+        caller's Python objects, counted here as an 8-byte reference each.
         """
-        return self.table_nbytes + self._fps.nbytes + self._alive.nbytes + 8 * len(self._ids)
+        return self.table_nbytes + self._fps.nbytes + self._alive.nbytes + self._ids.nbytes
 
     # -------------------------------------------------------------- writes
     def add(self, id: Hashable, fingerprint: int) -> None:
@@ -204,10 +205,12 @@ class HammingIndex:
     def remove(self, id: Hashable) -> bool:
         """Forget every fingerprint stored under ``id``; True if there was one.
 
-        Costs a scan of the ids (O(n)); dead rows are dropped once they are half of all rows.
+        Costs a scan of the ids (O(n), vectorised for integer ids); dead rows are dropped once
+        they are half of all rows.
         """
-        rows = [r for r, x in enumerate(self._ids) if x == id and self._alive[r]]
-        if not rows:
+        rows = self._ids.rows_of(id)
+        rows = rows[self._alive[rows]]
+        if not len(rows):
             return False
         self._alive[rows] = False
         self._dead += len(rows)
@@ -257,9 +260,8 @@ class HammingIndex:
         fps = _as_fps(fingerprints)
         found = self.search(fps, k)
         out: list[list[tuple[Hashable, int]]] = [[] for _ in range(len(fps))]
-        ids = self._ids
-        for q, r, d in zip(found.query.tolist(), found.row.tolist(), found.distance.tolist()):
-            out[q].append((ids[r], d))
+        for q, i, d in zip(found.query.tolist(), self._ids.lookup(found.row), found.distance.tolist()):
+            out[q].append((i, d))
         return out
 
     def query(self, fingerprint: int, k: int | None = None) -> list[tuple[Hashable, int]]:
@@ -306,12 +308,69 @@ class HammingIndex:
     def _compact(self) -> None:
         live = np.flatnonzero(self._alive[: self._n])
         fps = self._fps[live].copy()
-        self._ids = [self._ids[r] for r in live.tolist()]
+        self._ids = self._ids.keep(live)
         self._n, self._dead = len(live), 0
         self._fps[: self._n] = fps
         self._alive[:] = False
         self._alive[: self._n] = True
         self._runs = [self._build_run(fps, np.arange(self._n, dtype=np.uint32))] if self._n else []
+
+
+class _Ids:
+    """Ids by row: a numpy int64 column while every id is an int, a list once one is not."""
+
+    def __init__(self, ints: np.ndarray | None = None, objects: list | None = None) -> None:
+        self._ints = GrowingArray(np.int64)
+        if ints is not None:
+            self._ints.extend(ints)
+        self._objects = objects
+
+    def __len__(self) -> int:
+        return len(self._objects) if self._objects is not None else len(self._ints)
+
+    @property
+    def nbytes(self) -> int:
+        return 8 * len(self._objects) if self._objects is not None else self._ints.nbytes
+
+    def extend(self, ids: Sequence[Hashable]) -> None:
+        if self._objects is None:
+            as_ints = _int_ids(ids)
+            if as_ints is not None:
+                self._ints.extend(as_ints)
+                return
+            self._objects = self._ints.view().tolist()
+        self._objects.extend(ids)
+
+    def __getitem__(self, row: int) -> Hashable:
+        return self._objects[row] if self._objects is not None else int(self._ints.view()[row])
+
+    def lookup(self, rows: np.ndarray) -> list[Hashable]:
+        if self._objects is not None:
+            return [self._objects[r] for r in rows.tolist()]
+        return self._ints.view()[rows].tolist()
+
+    def rows_of(self, id: Hashable) -> np.ndarray:
+        if self._objects is not None:
+            return np.array([r for r, x in enumerate(self._objects) if x == id], dtype=np.int64)
+        if _int_ids([id]) is None:
+            return np.empty(0, dtype=np.int64)
+        return np.flatnonzero(self._ints.view() == id)
+
+    def keep(self, rows: np.ndarray) -> "_Ids":
+        if self._objects is not None:
+            return _Ids(objects=[self._objects[r] for r in rows.tolist()])
+        return _Ids(ints=self._ints.view()[rows])
+
+
+def _int_ids(ids: Sequence[Hashable]) -> np.ndarray | None:
+    """The ids as int64, or None if any is not an int in range (bools are not ids here)."""
+    if isinstance(ids, range):
+        return np.arange(ids.start, ids.stop, ids.step, dtype=np.int64)
+    if isinstance(ids, np.ndarray):
+        return ids.astype(np.int64) if ids.dtype.kind in "iu" and (ids.dtype.kind == "i" or ids.max(initial=0) < 2**63) else None
+    if all(type(i) is int and -(2**63) <= i < 2**63 for i in ids):
+        return np.array(ids, dtype=np.int64)
+    return None
 
 
 def _default_levels(k: int) -> tuple[int, ...]:

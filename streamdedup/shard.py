@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .arrays import GrowingArray
+from .changelog import Inserts
 from .features import mix64
 from .index import HammingIndex
 from .tables import TableDesign
@@ -114,6 +115,15 @@ class StringHeap:
             self._ends[self._n] = len(self._data)
             self._n += 1
 
+    def extend_raw(self, blob: bytes, lengths: np.ndarray) -> None:
+        """Append strings given as one UTF-8 blob and their byte lengths (no decoding)."""
+        ends = len(self._data) + np.cumsum(lengths)
+        if self._n + len(ends) > len(self._ends):
+            self._ends = np.resize(self._ends, max(self._n + len(ends), 2 * len(self._ends)))
+        self._data += blob
+        self._ends[self._n : self._n + len(ends)] = ends
+        self._n += len(ends)
+
     def __getitem__(self, i: int) -> str:
         if not 0 <= i < self._n:
             raise IndexError(i)
@@ -134,6 +144,7 @@ class Answers:
     id_hash: np.ndarray  # uint64 of the match
     ids: list[str | None]
     urls: list[str | None]
+    stored: np.ndarray  # bool: the probe's page was stored (write it to the changelog)
 
 
 class Shard:
@@ -156,7 +167,7 @@ class Shard:
         """Answer a batch of probes in order, then store the pages (see the module's rules)."""
         n = len(fps)
         out = Answers(np.full(n, -1, np.int64), np.zeros(n, np.uint64), np.zeros(n, np.int64),
-                      np.zeros(n, np.uint64), [None] * n, [None] * n)
+                      np.zeros(n, np.uint64), [None] * n, [None] * n, np.zeros(n, dtype=bool))
         group = np.asarray(group, dtype=np.int64)
         for g in np.unique(group).tolist():
             sel = np.flatnonzero(group == g)
@@ -167,17 +178,25 @@ class Shard:
                                    [urls[i] for i in sel], out)
         return out
 
+    def restore(self, inserts: "Inserts") -> None:
+        """Store decoded changelog records as they are (recovery: no probing, no checks)."""
+        for g in np.unique(inserts.group).tolist():
+            store = self._groups.get(g)
+            if store is None:
+                store = self._groups[g] = _GroupStore(self.plan.group_design(g))
+            store.load(inserts.select(inserts.group == g))
+
 
 class _GroupStore:
     def __init__(self, design: TableDesign) -> None:
         self.index = HammingIndex(k=design.k, design=design)
         self.fps, self.fetched, self.id_hash = GrowingArray(np.uint64), GrowingArray(np.int64), GrowingArray(np.uint64)
-        self.ids, self.urls = StringHeap(), StringHeap()
+        self.texts = StringHeap()  # id of row r at 2r, its url at 2r + 1
 
     @property
     def nbytes(self) -> int:
         cols = (self.fps, self.fetched, self.id_hash)
-        return self.index.nbytes + sum(c.nbytes for c in cols) + self.ids.nbytes + self.urls.nbytes
+        return self.index.nbytes + sum(c.nbytes for c in cols) + self.texts.nbytes
 
     def probe_and_insert(self, sel, fps, fetched, id_hash, ids, urls, out: Answers) -> None:
         found = self.index.search(fps)  # rows stored before this batch
@@ -204,19 +223,28 @@ class _GroupStore:
             out.fetched[p], out.id_hash[p] = row_fetched[i], row_hash[i]
             r = int(ref[i])
             local = -1 - r
-            out.ids[p] = self.ids[r] if r >= 0 else ids[local]
-            out.urls[p] = self.urls[r] if r >= 0 else urls[local]
+            out.ids[p] = self.texts[2 * r] if r >= 0 else ids[local]
+            out.urls[p] = self.texts[2 * r + 1] if r >= 0 else urls[local]
         # store the new pages once each (a page repeated inside the batch too)
         first_in_batch = _first_occurrence(id_hash, fps)
         new = np.flatnonzero(~dup & first_in_batch)
+        out.stored[sel[new]] = True
         if len(new):
             start = len(self.fps)
             self.index.add_many(list(range(start, start + len(new))), fps[new])
             self.fps.extend(fps[new])
             self.fetched.extend(fetched[new])
             self.id_hash.extend(id_hash[new])
-            self.ids.extend([ids[i] for i in new.tolist()])
-            self.urls.extend([urls[i] for i in new.tolist()])
+            self.texts.extend([x for i in new.tolist() for x in (ids[i], urls[i])])
+
+
+    def load(self, rec: "Inserts") -> None:
+        start = len(self.fps)
+        self.index.add_many(range(start, start + len(rec)), rec.fps)
+        self.fps.extend(rec.fps)
+        self.fetched.extend(rec.fetched)
+        self.id_hash.extend(rec.id_hash)
+        self.texts.extend_raw(rec.strings, rec.lengths)
 
 
 def _popcount(x: np.ndarray) -> np.ndarray:

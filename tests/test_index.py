@@ -181,3 +181,16 @@ def test_design_must_match_k():
         HammingIndex(k=3, design=TableDesign(k=2, levels=(3, 3)))
     with pytest.raises(ValueError, match="choose one of"):
         HammingIndex(k=3, design="7")
+
+
+def test_integer_ids_then_other_ids():
+    """Integer ids live in a numpy column; the first non-integer id switches to a list."""
+    idx = HammingIndex(k=3)
+    idx.add_many(range(3), [0, 1, 2])
+    idx.add_many(np.array([3, 4]), [3, 4])
+    assert idx._ids._objects is None and idx.query(4, k=0) == [(4, 0)]
+    assert idx.remove(1) and not idx.remove("1") and not idx.remove(True)
+    idx.add_many(["s", 2**70], [5, 6])
+    assert idx._ids._objects is not None
+    assert idx.query(5, k=0) == [("s", 0)] and idx.query(6, k=0) == [(2**70, 0)] and idx.query(0, k=0) == [(0, 0)]
+    assert idx.remove(2**70) and len(idx) == 5

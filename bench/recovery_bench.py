@@ -1,0 +1,62 @@
+"""Recovery: how fast a shard is rebuilt from its changelog records (decode + restore).
+
+    python bench/recovery_bench.py --pages 2000000 --runs 3
+
+Makes the changelog of N pages (one record per page and group: 4 per page for the 4 x 4
+design, URLs of realistic length), then times decoding it in batches of 10,000 values and
+restoring one shard from it, as a restarted worker would.  Kafka's fetch is not included
+(bench/ of the stream worker measures it end to end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+from streamdedup.changelog import decode, encode
+from streamdedup.shard import Shard, ShardPlan
+from streamdedup.tables import TableDesign
+
+
+def make_log(pages: int, seed: int) -> list[bytes]:
+    rng = np.random.default_rng(seed)
+    fps = rng.integers(0, 2**64 - 1, size=pages, dtype=np.uint64, endpoint=True)
+    hashes = rng.integers(0, 2**64 - 1, size=pages, dtype=np.uint64, endpoint=True)
+    fetched = np.arange(pages, dtype=np.int64) + 1_700_000_000_000
+    log: list[bytes] = []
+    for g in range(4):
+        ids = [f"https://www.example.org/section-{i % 997}/page-{i}.html" for i in range(pages)]
+        log += [v for _, v in encode(np.full(pages, g), fps, fetched, hashes, ids, ids)]
+    return log
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pages", type=int, default=2_000_000)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--batch", type=int, default=10_000)
+    args = p.parse_args()
+    log = make_log(args.pages, 0)
+    plan = ShardPlan(TableDesign.named("16"), 1)
+    rates = []
+    for _ in range(args.runs):
+        shard = Shard(plan)
+        t0 = time.perf_counter()
+        for s in range(0, len(log), args.batch):
+            shard.restore(decode(log[s : s + args.batch]))
+        elapsed = time.perf_counter() - t0
+        res = {"records": len(log), "pages": args.pages, "seconds": round(elapsed, 2),
+               "records_per_s": round(len(log) / elapsed), "fingerprints_per_s": round(args.pages / elapsed),
+               "shard_entries": len(shard)}
+        print(json.dumps(res))
+        rates.append(res)
+    for key in ("records_per_s", "fingerprints_per_s"):
+        print(f"median {key}: {statistics.median(r[key] for r in rates):,.0f}")
+
+
+if __name__ == "__main__":
+    main()
