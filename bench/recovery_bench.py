@@ -4,8 +4,9 @@
 
 Makes the changelog of N pages (one record per page and group: 4 per page for the 4 x 4
 design, URLs of realistic length), then times decoding it in batches of 10,000 values and
-restoring one shard from it, as a restarted worker would.  Kafka's fetch is not included
-(bench/ of the stream worker measures it end to end).
+restoring one shard from it, as a restarted worker would; then saves the shard as a snapshot
+and times loading it until it can answer (lookup directories built).  Kafka's fetch is not
+included.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -49,12 +52,26 @@ def main() -> None:
         for s in range(0, len(log), args.batch):
             shard.restore(decode(log[s : s + args.batch]))
         elapsed = time.perf_counter() - t0
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "shard.npz"
+            t0 = time.perf_counter()
+            shard.save(path)
+            save_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            loaded, _ = Shard.load(path, plan)
+            for store in loaded._groups.values():
+                store.index.prepare()  # ready to answer: lookup directories built
+            load_s = time.perf_counter() - t0
+            size = path.stat().st_size
         res = {"records": len(log), "pages": args.pages, "seconds": round(elapsed, 2),
                "records_per_s": round(len(log) / elapsed), "fingerprints_per_s": round(args.pages / elapsed),
-               "shard_entries": len(shard)}
+               "shard_entries": len(shard), "snapshot_mb": round(size / 2**20), "snapshot_save_s": round(save_s, 2),
+               "snapshot_load_records_per_s": round(len(log) / load_s),
+               "snapshot_load_fingerprints_per_s": round(args.pages / load_s)}
         print(json.dumps(res))
         rates.append(res)
-    for key in ("records_per_s", "fingerprints_per_s"):
+    for key in ("records_per_s", "fingerprints_per_s", "snapshot_load_records_per_s",
+                "snapshot_load_fingerprints_per_s"):
         print(f"median {key}: {statistics.median(r[key] for r in rates):,.0f}")
 
 

@@ -289,6 +289,33 @@ class HammingIndex:
     def fingerprint_of(self, row: int) -> int:
         return int(self._fps[row])
 
+    # ------------------------------------------------------------ snapshots
+    def state(self) -> dict[str, np.ndarray]:
+        """The index as arrays, for a snapshot (integer ids only; runs kept as they are)."""
+        if self._ids._objects is not None:
+            raise ValueError("only an index with integer ids can be snapshotted")
+        out = {"fps": self._fps[: self._n], "alive": self._alive[: self._n], "ids": self._ids._ints.view(),
+               "k": np.array(self.k), "levels": np.array(self.design.levels),
+               "only": np.array(self.design.only if self.design.only is not None else [], dtype=np.int64)}
+        for i, run in enumerate(self._runs):
+            out[f"run{i}"] = run.entries
+        return out
+
+    @classmethod
+    def from_state(cls, state: dict[str, np.ndarray]) -> "HammingIndex":
+        """Rebuild an index from :meth:`state` without sorting anything again."""
+        only = tuple(state["only"].tolist()) or None
+        design = TableDesign(k=int(state["k"]), levels=tuple(state["levels"].tolist()), only=only)
+        idx = cls(k=design.k, design=design)
+        n = len(state["fps"])
+        idx._reserve(n)
+        idx._fps[:n], idx._alive[:n] = state["fps"], state["alive"]
+        idx._ids = _Ids(ints=state["ids"])
+        idx._n, idx._dead = n, int(n - state["alive"].sum())
+        runs = sorted((k for k in state if k.startswith("run")), key=lambda k: int(k[3:]))
+        idx._runs = [_Run(np.asarray(state[k])) for k in runs]
+        return idx
+
     # ------------------------------------------------------------ internals
     def _build_run(self, fps: np.ndarray, rows: np.ndarray) -> _Run:
         entries = self.design.packed_keys(fps).ravel().astype(np.uint64) << np.uint64(32)

@@ -31,6 +31,9 @@ outputs through Kafka.
 
 from __future__ import annotations
 
+import json
+import os
+import zipfile
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -178,6 +181,43 @@ class Shard:
                                    [urls[i] for i in sel], out)
         return out
 
+    def save(self, path: "os.PathLike[str] | str", meta: dict | None = None) -> None:
+        """Write the shard to ``path`` (an uncompressed .npz, replaced atomically), with
+        ``meta`` (JSON-able: e.g. the changelog offset the snapshot covers)."""
+        arrays: dict[str, np.ndarray] = {"meta": np.array(json.dumps(meta or {})),
+                                         "plan": np.array([self.plan.partitions, *self.plan.design.levels])}
+        for g, store in self._groups.items():
+            for name, value in store.state().items():
+                arrays[f"g{g}.{name}"] = value
+        path = os.fspath(path)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: "os.PathLike[str] | str", plan: ShardPlan) -> tuple["Shard", dict]:
+        """Read a shard written by :meth:`save`; returns it and its ``meta``.
+
+        Raises ValueError if the file was written for another shard plan or is damaged.
+        """
+        try:
+            data = np.load(os.fspath(path), allow_pickle=False)
+            arrays = {k: data[k] for k in data.files}
+        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
+            raise ValueError(f"cannot read the shard snapshot {path}: {e}") from None
+        if arrays.get("plan") is None or arrays["plan"].tolist() != [plan.partitions, *plan.design.levels]:
+            raise ValueError(f"the shard snapshot {path} was written for another shard plan")
+        shard = cls(plan)
+        groups: dict[int, dict[str, np.ndarray]] = {}
+        for key, value in arrays.items():
+            if key.startswith("g"):
+                g, name = key[1:].split(".", 1)
+                groups.setdefault(int(g), {})[name] = value
+        for g, state in groups.items():
+            shard._groups[g] = _GroupStore.from_state(state)
+        return shard, json.loads(str(arrays["meta"]))
+
     def restore(self, inserts: "Inserts") -> None:
         """Store decoded changelog records as they are (recovery: no probing, no checks)."""
         for g in np.unique(inserts.group).tolist():
@@ -237,6 +277,26 @@ class _GroupStore:
             self.id_hash.extend(id_hash[new])
             self.texts.extend([x for i in new.tolist() for x in (ids[i], urls[i])])
 
+
+    def state(self) -> dict[str, np.ndarray]:
+        out = {f"index.{k}": v for k, v in self.index.state().items()}
+        out.update({"fps": self.fps.view(), "fetched": self.fetched.view(), "id_hash": self.id_hash.view(),
+                    "texts": np.frombuffer(bytes(self.texts._data), dtype=np.uint8),
+                    "text_ends": self.texts._ends[: len(self.texts)]})
+        return out
+
+    @classmethod
+    def from_state(cls, state: dict[str, np.ndarray]) -> "_GroupStore":
+        store = cls.__new__(cls)
+        store.index = HammingIndex.from_state({k[6:]: v for k, v in state.items() if k.startswith("index.")})
+        store.fps, store.fetched, store.id_hash = GrowingArray(np.uint64), GrowingArray(np.int64), GrowingArray(np.uint64)
+        store.fps.extend(state["fps"])
+        store.fetched.extend(state["fetched"])
+        store.id_hash.extend(state["id_hash"])
+        store.texts = StringHeap()
+        ends = state["text_ends"]
+        store.texts.extend_raw(state["texts"].tobytes(), np.diff(ends, prepend=0))
+        return store
 
     def load(self, rec: "Inserts") -> None:
         start = len(self.fps)

@@ -59,3 +59,34 @@ def test_a_shard_rebuilt_from_its_changelog_answers_the_same():
             ["new"] * 400, ["u/new"] * 400)
     a, b = live.probe_and_insert(*args), rebuilt.probe_and_insert(*args)
     assert a.ids == b.ids and (a.distance == b.distance).all() and (a.distance >= 0).any()
+
+
+def test_a_snapshot_loads_into_a_shard_that_answers_the_same(tmp_path):
+    rng = np.random.default_rng(2)
+    plan = ShardPlan(TableDesign.named("16"), 1)
+    live = Shard(plan)
+    for batch in range(4):
+        fps = rng.integers(0, 2**20, size=300, dtype=np.uint64)
+        ids = [f"p{batch}-{i}" for i in range(300) for _ in range(4)]
+        live.probe_and_insert(np.tile(np.arange(4), 300), np.repeat(fps, 4), np.repeat(np.arange(300) + 300 * batch, 4),
+                              np.array([xxhash.xxh3_64_intdigest(i.encode()) for i in ids], dtype=np.uint64),
+                              ids, [f"ü/{i}" for i in ids])
+    path = tmp_path / "shard-0.npz"
+    live.save(path, {"changelog_offset": 1234})
+    loaded, meta = Shard.load(path, plan)
+    assert meta == {"changelog_offset": 1234} and len(loaded) == len(live)
+    probe = rng.integers(0, 2**20, size=100, dtype=np.uint64)
+    args = (np.tile(np.arange(4), 100), np.repeat(probe, 4), np.full(400, 10**9), np.full(400, 7, np.uint64),
+            ["new"] * 400, ["u/new"] * 400)
+    a, b = live.probe_and_insert(*args), loaded.probe_and_insert(*args)
+    assert a.ids == b.ids and a.urls == b.urls and (a.distance == b.distance).all() and (a.distance >= 0).any()
+
+
+def test_a_damaged_or_foreign_snapshot_is_refused(tmp_path):
+    plan = ShardPlan(TableDesign.named("16"), 2)
+    Shard(plan).save(tmp_path / "s.npz")
+    with pytest.raises(ValueError, match="another shard plan"):
+        Shard.load(tmp_path / "s.npz", ShardPlan(TableDesign.named("16"), 3))
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match="cannot read the shard snapshot"):
+        Shard.load(tmp_path / "bad.npz", plan)
