@@ -54,10 +54,6 @@ class Verdict:
     distance: int | None = None  # Hamming distance of the two simhash fingerprints
     similarity: float | None = None  # estimated resemblance (minhash and combined)
 
-    @property
-    def is_duplicate(self) -> bool:
-        return self.verdict == "near_duplicate"
-
     def to_dict(self) -> dict:
         out = {
             "id": self.id,

@@ -10,14 +10,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .features import shingle_hashes, text_shingles, word_hashes
+from .features import shingle_hashes, word_hashes
 from .minhash import minhash_signatures
 from .records import Page
 from .simhash import simhash_many
 from .text import visible_text
 
-__all__ = ["SIMHASH_WORDS", "MINHASH_WORDS", "fingerprint", "page_text", "simhash_texts", "Fingerprints",
-           "fingerprint_texts"]
+__all__ = ["SIMHASH_WORDS", "MINHASH_WORDS", "fingerprint", "page_text", "simhash_texts", "Fingerprints"]
 
 #: Words per simhash feature.  Bigrams, weighted by their frequency in the page: on the
 #: benchmark corpus (bench/README.md) they gave the best precision/recall balance at k = 3;
@@ -44,7 +43,7 @@ def fingerprint(content: str | bytes, content_type: str | None = "text/html") ->
 
 def simhash_texts(texts: Sequence[str]) -> np.ndarray:
     """Simhash fingerprints (``uint64``) of visible texts, computed as one batch."""
-    return simhash_many([text_shingles(t, SIMHASH_WORDS) for t in texts])
+    return Fingerprints(texts).simhash
 
 
 class Fingerprints:
@@ -66,7 +65,3 @@ class Fingerprints:
             self._minhash = minhash_signatures(shingles, num_perm=self._num_perm)
         return self._minhash
 
-
-def fingerprint_texts(texts: Sequence[str], num_perm: int = 128) -> Fingerprints:
-    """Fingerprints of a batch of visible texts."""
-    return Fingerprints(texts, num_perm)

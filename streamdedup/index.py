@@ -268,26 +268,9 @@ class HammingIndex:
         """The (id, distance) of every stored fingerprint within ``k`` bits, nearest first."""
         return self.query_many([fingerprint], k)[0]
 
-    def nearest_many(
-        self, fingerprints: Iterable[int] | np.ndarray, k: int | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """For each fingerprint the nearest (then oldest) row within ``k``, or -1; and distances."""
-        fps = _as_fps(fingerprints)
-        found = self.search(fps, k)
-        best_row = np.full(len(fps), -1, dtype=np.int64)
-        best_dist = np.full(len(fps), -1, dtype=np.int64)
-        first = np.ones(len(found.query), dtype=bool)
-        first[1:] = found.query[1:] != found.query[:-1]
-        best_row[found.query[first]] = found.row[first]
-        best_dist[found.query[first]] = found.distance[first]
-        return best_row, best_dist
-
     def id_of(self, row: int) -> Hashable:
-        """The id stored at a row returned by :meth:`search` or :meth:`nearest_many`."""
+        """The id stored at a row returned by :meth:`search`."""
         return self._ids[row]
-
-    def fingerprint_of(self, row: int) -> int:
-        return int(self._fps[row])
 
     # ------------------------------------------------------------ snapshots
     def state(self) -> dict[str, np.ndarray]:

@@ -42,6 +42,7 @@ from .arrays import GrowingArray
 from .changelog import Inserts
 from .features import mix64
 from .index import HammingIndex
+from .simhash import hamming_many
 from .tables import TableDesign
 
 __all__ = ["ShardPlan", "Shard", "Answers", "StringHeap"]
@@ -308,8 +309,6 @@ class _GroupStore:
 
 
 def _popcount(x: np.ndarray) -> np.ndarray:
-    from .simhash import hamming_many
-
     return hamming_many(np.uint64(0), x)
 
 
