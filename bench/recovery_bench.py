@@ -2,8 +2,9 @@
 
     python bench/recovery_bench.py --pages 2000000 --runs 3
 
-Makes the changelog of N pages (one record per page and group: 4 per page for the 4 x 4
-design, URLs of realistic length), then times decoding it in batches of 10,000 values and
+Makes the changelog of N pages (one row per page and group: 4 per page for the 4 x 4 design,
+URLs of realistic length; a changelog record holds the rows one shard stored from one probe
+batch, --rows-per-record of them), then times decoding it in batches of --batch records and
 restoring one shard from it, as a restarted worker would; then saves the shard as a snapshot
 and times loading it until it can answer (lookup directories built).  Kafka's fetch is not
 included.
@@ -20,12 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from streamdedup.changelog import decode, encode
+from streamdedup.wire import CHANGELOG, Batch, decode, encode
 from streamdedup.shard import Shard, ShardPlan
 from streamdedup.tables import TableDesign
 
 
-def make_log(pages: int, seed: int) -> list[bytes]:
+def make_log(pages: int, seed: int, per_record: int) -> list[bytes]:
     rng = np.random.default_rng(seed)
     fps = rng.integers(0, 2**64 - 1, size=pages, dtype=np.uint64, endpoint=True)
     hashes = rng.integers(0, 2**64 - 1, size=pages, dtype=np.uint64, endpoint=True)
@@ -33,7 +34,10 @@ def make_log(pages: int, seed: int) -> list[bytes]:
     log: list[bytes] = []
     for g in range(4):
         ids = [f"https://www.example.org/section-{i % 997}/page-{i}.html" for i in range(pages)]
-        log += [v for _, v in encode(np.full(pages, g), fps, fetched, hashes, ids, ids)]
+        for s in range(0, pages, per_record):
+            e = min(s + per_record, pages)
+            log.append(encode(Batch.build(group=g, fps=fps[s:e], fetched=fetched[s:e], id_hash=hashes[s:e],
+                                          ids=ids[s:e], urls=ids[s:e]), CHANGELOG))
     return log
 
 
@@ -41,9 +45,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pages", type=int, default=2_000_000)
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--batch", type=int, default=10_000)
+    p.add_argument("--batch", type=int, default=100, help="changelog records decoded at once")
+    p.add_argument("--rows-per-record", type=int, default=250)
     args = p.parse_args()
-    log = make_log(args.pages, 0)
+    log = make_log(args.pages, 0, args.rows_per_record)
     plan = ShardPlan(TableDesign.named("16"), 1)
     rates = []
     for _ in range(args.runs):
@@ -63,7 +68,7 @@ def main() -> None:
                 store.index.prepare()  # ready to answer: lookup directories built
             load_s = time.perf_counter() - t0
             size = path.stat().st_size
-        res = {"records": len(log), "pages": args.pages, "seconds": round(elapsed, 2),
+        res = {"records": len(log), "rows": 4 * args.pages, "pages": args.pages, "seconds": round(elapsed, 2),
                "records_per_s": round(len(log) / elapsed), "fingerprints_per_s": round(args.pages / elapsed),
                "shard_entries": len(shard), "snapshot_mb": round(size / 2**20), "snapshot_save_s": round(save_s, 2),
                "snapshot_load_records_per_s": round(len(log) / load_s),

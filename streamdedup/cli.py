@@ -15,6 +15,7 @@ from . import __version__
 from .dedup import ALGORITHMS, Deduplicator
 from .records import DEFAULT_MAX_PAGE_BYTES, read_jsonl, read_pages
 from .scan import report_bad, scan_pages
+from .cli_options import settings_from_click, settings_options
 from .tables import DESIGNS
 
 
@@ -88,6 +89,24 @@ def scan(input: Path, output: Path, algorithm: str, k: int, design: str | None, 
                + (f"; skipped {bad} bad records ({reasons})" if bad else ""), err=True)
 
 
+@main.command()
+@settings_options
+def worker(**params) -> None:
+    """Run a stream worker: judge the pages topic, route pages to the unique, near-duplicate,
+    verdicts and dead-letter topics.  Start as many as the pages topic has partitions; they
+    share the index (sharded by simhash block) through the consumer group --app-id."""
+    settings = settings_from_click(params)
+    if settings.algorithm != "simhash":
+        raise click.BadParameter(f"the stream worker judges by simhash; {settings.algorithm!r} is available in "
+                                 "`streamdedup scan` only", param_hint="--algorithm / STREAMDEDUP_ALGORITHM")
+    from .stream.run import TopicError, run_worker
+
+    try:
+        run_worker(settings)
+    except TopicError as e:
+        raise click.ClickException(str(e)) from None
+
+
 def _progress(show: bool, input: Path):
     from tqdm import tqdm
 
@@ -95,6 +114,8 @@ def _progress(show: bool, input: Path):
     return tqdm(disable=not show, unit=" pages", desc=str(input.name or "stdin"), file=sys.stderr,
                 dynamic_ncols=True, smoothing=0.1)
 
+
+from . import cli_client  # noqa: E402,F401  (registers produce and verdicts)
 
 if __name__ == "__main__":
     main()

@@ -47,9 +47,11 @@ class BadRecord(ValueError):
         self.reason, self.message = reason, message
 
 
-#: Every reason a record can be rejected for (a metric label and a dead-letter header value).
+#: Every reason a record can be rejected for (a metric label and a dead-letter header value);
+#: ``unparsable`` comes from the HTML parser, ``internal_error`` from a worker bug (the record
+#: is kept on the dead-letter topic rather than lost).
 REASONS = ("not_utf8", "not_json", "not_object", "missing_field", "bad_field", "empty", "too_large",
-           "not_text", "binary", "undecodable", "bad_warc")
+           "not_text", "binary", "undecodable", "unparsable", "bad_warc", "internal_error")
 
 
 def page_from_json(raw: bytes | str, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Page:

@@ -201,7 +201,17 @@ class Settings:
     web_host: str = _f("--web-host", "127.0.0.1", "Bind address of the web server (/metrics).", _text, "HOST")
     web_port: int = _f("--web-port", 6066, "Port of the web server (/metrics).",
                        _int(1, 65535, "use a free TCP port such as 6066"), "PORT")
-    data_dir: Path = _f("--data-dir", Path("streamdedup-data"), "Directory for local snapshots.", _path, "DIR")
+    data_dir: Path = _f("--data-dir", Path("streamdedup-data"), "Directory for local shard snapshots.", _path,
+                        "DIR")
+    snapshot_interval: float = _f("--snapshot-interval", 300.0, "Seconds between local shard snapshots (a "
+                                  "restart replays only the changelog after the last one).",
+                                  _float(0, None, "use e.g. 300 seconds"), "SECONDS")
+    standby_replicas: int = _f("--standby-replicas", 0, "Warm copies of each shard on other workers (each "
+                               "costs the shard's memory again).", _int(0, 3, "use 0, or 1 for faster failover"),
+                               "INT")
+    index_memory_limit: int = _f("--index-memory-limit", 0, "Bytes the index may use on one worker, for the "
+                                 "alert on memory (0: no limit).", _int(0, None, "use e.g. 4294967296 (4 GiB)"),
+                                 "BYTES")
     log_level: str = _f("--log-level", "info", "Logging level.", _choice(("debug", "info", "warning", "error")),
                         "debug|info|warning|error")
     security_protocol: str = _f("--security-protocol", "PLAINTEXT", "How to talk to Kafka.",

@@ -39,11 +39,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .arrays import GrowingArray
-from .changelog import Inserts
 from .features import mix64
 from .index import HammingIndex
 from .simhash import hamming_many
 from .tables import TableDesign
+from .wire import Batch
 
 __all__ = ["ShardPlan", "Shard", "Answers", "StringHeap"]
 
@@ -219,8 +219,8 @@ class Shard:
             shard._groups[g] = _GroupStore.from_state(state)
         return shard, json.loads(str(arrays["meta"]))
 
-    def restore(self, inserts: "Inserts") -> None:
-        """Store decoded changelog records as they are (recovery: no probing, no checks)."""
+    def restore(self, inserts: Batch) -> None:
+        """Store decoded changelog rows as they are (recovery: no probing, no checks)."""
         for g in np.unique(inserts.group).tolist():
             store = self._groups.get(g)
             if store is None:
@@ -299,7 +299,7 @@ class _GroupStore:
         store.texts.extend_raw(state["texts"].tobytes(), np.diff(ends, prepend=0))
         return store
 
-    def load(self, rec: "Inserts") -> None:
+    def load(self, rec: Batch) -> None:
         start = len(self.fps)
         self.index.add_many(range(start, start + len(rec)), rec.fps)
         self.fps.extend(rec.fps)

@@ -1,4 +1,5 @@
-"""The shard changelog format: round trips, rejects malformed records, and rebuilds a shard."""
+"""The batch format of probes, answers and changelog records: round trips, rejects malformed
+values, and a shard rebuilt from its changelog answers the same."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamdedup.changelog import decode, encode
+from streamdedup.wire import ANSWERS, CHANGELOG, PROBES, Batch, decode, encode
 from streamdedup.shard import Shard, ShardPlan
 from streamdedup.tables import TableDesign
 
@@ -16,24 +17,40 @@ TEXT = st.text(max_size=40)
 
 
 @given(st.lists(st.tuples(st.integers(0, 65535), st.integers(0, 2**64 - 1), st.integers(-(2**63), 2**63 - 1),
-                          st.integers(0, 2**64 - 1), TEXT, TEXT), min_size=1, max_size=30))
-def test_round_trip(rows):
-    g, fp, f, h, ids, urls = (list(c) for c in zip(*rows))
-    recs = encode(g, np.array(fp, dtype=np.uint64), np.array(f, dtype=np.int64), np.array(h, dtype=np.uint64), ids, urls)
-    d = decode([v for _, v in recs])
+                          st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1), st.integers(-1, 64),
+                          st.integers(0, 2**31), TEXT, TEXT), min_size=0, max_size=30),
+       st.integers(1, 3))
+def test_round_trip(rows, parts):
+    g, fp, f, h, req, dist, part, ids, urls = (list(c) for c in zip(*rows)) if rows else ([],) * 9
+    b = Batch.build(group=g, fps=fp, fetched=f, id_hash=h, request=req, distance=dist, partition=part, ids=ids,
+                    urls=urls)
+    # a batch may arrive split over several messages: decoding them together gives the rows in order
+    cut = np.array_split(np.arange(len(ids)), parts)
+    d = decode([encode(b.select(c), PROBES) for c in cut], PROBES)
     assert d.group.tolist() == g and d.fps.tolist() == fp and d.fetched.tolist() == f and d.id_hash.tolist() == h
-    assert d.ids() == ids and d.urls() == urls
-    assert len({k for k, _ in recs}) == len({(a, b, c) for a, b, c in zip(g, h, fp)})  # key = (group, page, fp)
+    assert d.rows["request"].tolist() == req and d.rows["distance"].tolist() == dist
+    assert d.rows["partition"].tolist() == part and d.ids() == ids and d.urls() == urls and d.kind == PROBES
     mask = np.arange(len(ids)) % 2 == 0
     sub = d.select(mask)
     assert sub.ids() == [x for x, m in zip(ids, mask) if m] and sub.urls() == [x for x, m in zip(urls, mask) if m]
+    order = np.arange(len(ids))[::-1]
+    assert d.select(order).ids() == ids[::-1]
 
 
-@pytest.mark.parametrize("value, message", [(b"short", "shorter than its 34-byte header"),
-                                            (encode(1, 2, 3, 4, "id", "url")[0][1] + b"x", "do not add up")])
-def test_malformed_records_are_rejected(value, message):
+_ONE = encode(Batch.build(group=1, fps=2, fetched=3, id_hash=4, ids=["id"], urls=["url"]), CHANGELOG)
+
+
+@pytest.mark.parametrize("value, kind, message", [
+    (b"short", None, "shorter than its header"),
+    (b"XXXX" + _ONE[4:], None, "not a streamdedup batch"),
+    (_ONE + b"x", None, "do not add up"),
+    (_ONE[:-1], None, "do not add up"),
+    (_ONE[:20], None, "buffer is smaller"),  # rows cut short
+    (_ONE, ANSWERS, "expected a batch of kind 2, got kind 3"),
+])
+def test_malformed_values_are_rejected(value, kind, message):
     with pytest.raises(ValueError, match=message):
-        decode([value])
+        decode([value], kind)
 
 
 def test_a_shard_rebuilt_from_its_changelog_answers_the_same():
@@ -49,8 +66,9 @@ def test_a_shard_rebuilt_from_its_changelog_answers_the_same():
         hashes = np.array([xxhash.xxh3_64_intdigest(i.encode()) for i in ids], dtype=np.uint64)
         ans = live.probe_and_insert(groups, fps4, fetched, hashes, ids, [f"u/{i}" for i in ids])
         s = ans.stored
-        log += [v for _, v in encode(groups[s], fps4[s], fetched[s], hashes[s], [i for i, m in zip(ids, s) if m],
-                                     [f"u/{i}" for i, m in zip(ids, s) if m])]
+        log.append(encode(Batch.build(group=groups[s], fps=fps4[s], fetched=fetched[s], id_hash=hashes[s],
+                                      ids=[i for i, m in zip(ids, s) if m],
+                                      urls=[f"u/{i}" for i, m in zip(ids, s) if m]), CHANGELOG))
     rebuilt = Shard(plan)
     rebuilt.restore(decode(log))
     assert len(rebuilt) == len(live)

@@ -1,0 +1,169 @@
+"""Pages waiting for their shard answers, released per input partition in offset order.
+
+A page's probes go to up to ``n_groups`` shards; its verdict is the best of their answers
+(nearest, then earliest).  Offsets are committed per input partition, so a page is released
+only when it and every page before it in its partition are done: the committed offset never
+passes a page without a verdict.  Bad records are done as soon as they are added.
+
+Answers name the page by a request id that includes a random per-process prefix, so answers
+to an earlier incarnation's probes (replayed after a crash) are ignored rather than mixed in.
+
+>>> p = Pending(n_groups=2)
+>>> r = p.add_page(0, 10, page_id="a", url="u", fingerprint=1, key=b"a", value=b"{}")
+>>> p.add_bad(0, 11, "not_json", "the record is not JSON", key=None, value=b"x")
+>>> [w.offset for w in p.ready(0)]
+[]
+>>> p.answer_one(r, group=0, distance=-1), p.answer_one(r, group=1, distance=2, match=(5, 7, 9, "m", "mu"))
+(0, 0)
+>>> [(w.offset, w.verdict) for w in p.ready(0)]
+[(10, 'near_duplicate'), (11, None)]
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .wire import Batch
+
+__all__ = ["Waiting", "Pending"]
+
+
+@dataclass
+class Waiting:
+    """One input record from its arrival to its verdict (or dead letter)."""
+
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
+    timestamp_ms: int | None = None  # the record's Kafka timestamp
+    page_id: str | None = None
+    url: str | None = None
+    fingerprint: int | None = None
+    reason: str | None = None  # a dead letter's reason code
+    error: str | None = None
+    missing: int = 0  # bitmask of groups not answered yet
+    best: tuple | None = None  # (distance, fetched, id_hash, fingerprint, id, url) of the match
+    request: int | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.missing == 0
+
+    @property
+    def verdict(self) -> str | None:
+        """'unique' or 'near_duplicate' for a page; None for a dead letter."""
+        if self.reason is not None:
+            return None
+        return "unique" if self.best is None else "near_duplicate"
+
+
+class Pending:
+    def __init__(self, n_groups: int) -> None:
+        self.n_groups = n_groups
+        self._parts: dict[int, OrderedDict[int, Waiting]] = {}
+        self._requests: dict[int, Waiting] = {}
+        self._prefix = int.from_bytes(os.urandom(4), "little") << 32
+        self._counter = itertools.count(1)
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self._parts.values())
+
+    def _add(self, w: Waiting) -> bool:
+        part = self._parts.setdefault(w.partition, OrderedDict())
+        if w.offset in part:  # redelivered while still waiting: keep the first
+            return False
+        last = next(reversed(part)) if part else None
+        part[w.offset] = w
+        if last is not None and w.offset < last:  # rare (an internal error's dead letter): keep offset order
+            self._parts[w.partition] = OrderedDict(sorted(part.items()))
+        return True
+
+    def add_page(self, partition: int, offset: int, *, page_id: str, url: str, fingerprint: int,
+                 key: bytes | None, value: bytes, headers=(), timestamp_ms: int | None = None) -> int | None:
+        """Wait for a page's answers; returns its request id (None: already waiting)."""
+        request = self._prefix | (next(self._counter) & 0xFFFF_FFFF)
+        w = Waiting(partition, offset, key, value, list(headers), timestamp_ms, page_id, url, fingerprint,
+                    missing=(1 << self.n_groups) - 1, request=request)
+        if not self._add(w):
+            return None
+        self._requests[request] = w
+        return request
+
+    def add_bad(self, partition: int, offset: int, reason: str, error: str, *, key: bytes | None, value: bytes,
+                headers=(), timestamp_ms: int | None = None, page_id: str | None = None) -> None:
+        """A record for the dead-letter topic: done at once, released in its place."""
+        self._add(Waiting(partition, offset, key, value, list(headers), timestamp_ms, page_id, reason=reason,
+                          error=error))
+
+    def fail(self, partition: int, offset: int, reason: str, error: str, *, key: bytes | None, value: bytes,
+             headers=(), timestamp_ms: int | None = None) -> None:
+        """Make a record a dead letter, whether or not it is waiting already (an internal error)."""
+        w = self._parts.get(partition, {}).get(offset)
+        if w is None:
+            self.add_bad(partition, offset, reason, error, key=key, value=value, headers=headers,
+                         timestamp_ms=timestamp_ms)
+            return
+        self._requests.pop(w.request, None)
+        w.reason, w.error, w.missing, w.best = reason, error, 0, None
+
+    def answer_one(self, request: int, group: int, distance: int, match: tuple | None = None) -> int | None:
+        """Record one group's answer; returns the page's partition (None: unknown request)."""
+        w = self._requests.get(request)
+        if w is None or not w.missing >> group & 1:
+            return None
+        w.missing &= ~(1 << group)
+        if distance >= 0 and match is not None:
+            cand = (distance, *match)
+            if w.best is None or cand[:3] < w.best[:3]:  # nearest, then earliest (fetched, id hash)
+                w.best = cand
+        if w.done:
+            del self._requests[request]
+        return w.partition
+
+    def answer(self, batch: Batch) -> set[int]:
+        """Record a decoded answers batch; returns the partitions that may have pages ready."""
+        rows = batch.rows
+        touched: set[int] = set()
+        matched = np.flatnonzero(rows["distance"] >= 0)
+        ids, urls = (batch.select(matched).ids(), batch.select(matched).urls()) if len(matched) else ([], [])
+        match_of = dict(zip(matched.tolist(), zip(rows["fetched"][matched].tolist(),
+                                                  rows["id_hash"][matched].tolist(),
+                                                  rows["fp"][matched].tolist(), ids, urls)))
+        for i, (req, group, dist) in enumerate(zip(rows["request"].tolist(), rows["group"].tolist(),
+                                                   rows["distance"].tolist())):
+            p = self.answer_one(req, group, dist, match_of.get(i))
+            if p is not None:
+                touched.add(p)
+        return touched
+
+    def ready(self, partition: int) -> list[Waiting]:
+        """The done records at the head of a partition, in offset order (still held)."""
+        out = []
+        for w in self._parts.get(partition, {}).values():
+            if not w.done:
+                break
+            out.append(w)
+        return out
+
+    def release(self, partition: int, records: list[Waiting]) -> None:
+        """Forget records returned by :meth:`ready` once their outputs are committed."""
+        part = self._parts.get(partition, {})
+        for w in records:
+            part.pop(w.offset, None)
+
+    def drop(self, partition: int) -> int:
+        """Forget a partition (revoked: its records will be redelivered to its new owner)."""
+        part = self._parts.pop(partition, {})
+        for w in part.values():
+            self._requests.pop(w.request, None)
+        return len(part)
+
+    def partitions(self) -> list[int]:
+        return list(self._parts)

@@ -1,0 +1,70 @@
+"""Where a judged record goes, and with which headers: the worker's output contract.
+
+* A page goes to the unique or the near-duplicate topic: key = page id, value = the input
+  bytes unchanged, the input's headers kept, plus ``streamdedup-verdict``,
+  ``streamdedup-fingerprint`` (16 hex digits) and, for a near-duplicate,
+  ``streamdedup-match-id``, ``streamdedup-match-url`` and ``streamdedup-distance``.
+* Every page also gets one compact JSON record on the verdicts topic, keyed by page id.
+* A bad record goes to the dead-letter topic: its own key (the page id if it was readable),
+  the input bytes, and ``streamdedup-reason`` (a code) and ``streamdedup-error`` (a sentence).
+
+>>> from streamdedup.pending import Waiting
+>>> w = Waiting(0, 7, b"k", b"{...}", page_id="a", url="http://a/", fingerprint=255)
+>>> [(o.topic, o.headers[0]) for o in outputs(w, Topics())]
+[('pages.unique', ('streamdedup-verdict', b'unique')), ('pages.verdicts', ('streamdedup-verdict', b'unique'))]
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from .pending import Waiting
+from .simhash import to_hex
+
+__all__ = ["HEADER_PREFIX", "Topics", "Output", "outputs", "verdict_record"]
+
+HEADER_PREFIX = "streamdedup-"
+
+
+@dataclass(frozen=True)
+class Topics:
+    unique: str = "pages.unique"
+    near_duplicate: str = "pages.near-duplicate"
+    verdicts: str = "pages.verdicts"
+    dead_letter: str = "pages.dead-letter"
+
+
+@dataclass(frozen=True)
+class Output:
+    topic: str
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes]]
+
+
+def verdict_record(w: Waiting) -> dict:
+    """The compact verdict of a judged page (the verdicts topic's value)."""
+    best = w.best
+    return {"id": w.page_id, "url": w.url, "verdict": w.verdict, "fingerprint": to_hex(w.fingerprint),
+            "match_id": best[4] if best else None, "match_url": best[5] if best else None,
+            "distance": best[0] if best else None, "partition": w.partition, "offset": w.offset}
+
+
+def outputs(w: Waiting, topics: Topics) -> list[Output]:
+    """The records to send for one done record, in order."""
+    kept = [(k, v) for k, v in w.headers if not k.startswith(HEADER_PREFIX)]  # never trust upstream verdicts
+    if w.reason is not None:
+        return [Output(topics.dead_letter, w.key, w.value,
+                       kept + [("streamdedup-reason", w.reason.encode()),
+                               ("streamdedup-error", (w.error or "").encode("utf-8", "replace"))])]
+    key = w.page_id.encode("utf-8", "surrogatepass")
+    ours = [("streamdedup-verdict", w.verdict.encode()), ("streamdedup-fingerprint", to_hex(w.fingerprint).encode())]
+    if w.best is not None:
+        distance, _, _, _, match_id, match_url = w.best
+        ours += [("streamdedup-match-id", match_id.encode("utf-8", "surrogatepass")),
+                 ("streamdedup-match-url", match_url.encode("utf-8", "surrogatepass")),
+                 ("streamdedup-distance", str(distance).encode())]
+    target = topics.unique if w.best is None else topics.near_duplicate
+    record = json.dumps(verdict_record(w), ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+    return [Output(target, key, w.value, kept + ours), Output(topics.verdicts, key, record, ours)]

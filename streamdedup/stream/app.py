@@ -1,0 +1,292 @@
+"""The faust app: three agents around the core, wired as docs/stream-design.md describes.
+
+    pages ──pages agent──> <app>-probes ──shard agent──> <app>-answers ──answers agent──> outputs
+      (parse, fingerprint,    (one message per      (probe + insert, changelog,     (best answer per page,
+       wait for answers)       shard partition)      answers to the page's           one transaction per
+                                                     input partition)                input partition)
+
+Input partition p, probes partition p, answers partition p and the shard changelog partition p
+are co-partitioned (same count P), so faust gives them to the same worker: the answers for a
+page reach the worker that holds it, and each shard is rebuilt where it is probed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import faust
+import numpy as np
+from faust.sensors.prometheus import setup_prometheus_sensors
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from ..index import HammingIndex
+from ..intake import Intake, Record
+from ..pending import Pending, Waiting
+from ..routing import Topics
+from ..settings import Settings
+from ..shard import ShardPlan
+from ..wire import ANSWERS, CHANGELOG, PROBES, Batch, decode, encode
+from .metrics import FAUST_PREFIX, Metrics
+from .outbox import Outbox, latency_seconds
+from .store import SCHEME, ShardStore
+
+__all__ = ["Worker", "build"]
+
+log = logging.getLogger("streamdedup.worker")
+RAW = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+MAX_ROWS = 2000  # rows per internal message (a row is 48 bytes plus its id and url)
+
+
+def internal_topics(settings: Settings) -> dict[str, str]:
+    a = settings.app_id
+    return {"probes": f"{a}-probes", "answers": f"{a}-answers", "changelog": f"{a}-shards-changelog"}
+
+
+def table_design(settings: Settings):
+    return HammingIndex(k=settings.k, design=settings.design).design
+
+
+@dataclass
+class Worker:
+    """The app and the state its agents share (one per process)."""
+
+    settings: Settings
+    registry: CollectorRegistry = REGISTRY
+    app: faust.App = field(init=False)
+    plan: ShardPlan = field(init=False)
+    pending: Pending = field(init=False)
+    metrics: Metrics = field(init=False)
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        if s.algorithm != "simhash":
+            raise ValueError(f"the stream worker judges pages by simhash; --algorithm {s.algorithm} is available "
+                             "in `streamdedup scan` only; use --algorithm simhash")
+        self.plan = ShardPlan(table_design(s), s.partitions)
+        self.pending = Pending(self.plan.n_groups)
+        self.metrics = Metrics.create(self.registry)
+        self.metrics.index_memory_limit.set(s.index_memory_limit)
+        self.metrics.info.labels(s.app_id, s.algorithm, str(s.k), s.design or "default", str(s.partitions)).set(1)
+        self.topics = Topics(s.unique_topic, s.near_duplicate_topic, s.verdicts_topic, s.dead_letter_topic)
+        self.outbox = Outbox(s, self.topics, self.pending, on_sent=self._on_sent)
+        self._buffer: list[Any] = []
+        self._drain_lock = asyncio.Lock()
+        self._writer = struct.pack("<Q", int(time.time() * 1e6))  # changelog keys: unique per incarnation
+        self._seq = 0
+        self._recovery_started: float | None = None
+        self.app = self._build_app()
+
+    # ------------------------------------------------------------------ app and agents
+    def _build_app(self) -> faust.App:
+        s, names = self.settings, internal_topics(self.settings)
+        ShardStore.configure(self.plan, s.data_dir / "snapshots", self._on_restored)
+        app = faust.App(
+            s.app_id, broker=s.faust_broker_url(), broker_credentials=s.faust_credentials(), env={},
+            autodiscover=False, datadir=str(s.data_dir / "faust"), store="memory://",
+            web_enabled=True, web_port=s.web_port, web_bind=s.web_host, web_host=s.web_host,
+            topic_partitions=s.partitions, topic_replication_factor=s.replication_factor,
+            table_standby_replicas=s.standby_replicas,
+            broker_session_timeout=10.0, broker_heartbeat_interval=3.0,  # a dead worker's partitions move in ~10 s
+            stream_wait_empty=False,  # pages are never acked (the outbox commits them): do not wait at stop
+            broker_commit_interval=0.5, consumer_auto_offset_reset="earliest",
+            broker_commit_livelock_soft_timeout=10 ** 9,  # the pages topic is committed by the outbox
+            producer_max_request_size=max(1_048_576, 2 * s.max_page_bytes),
+            consumer_max_fetch_size=max(1_048_576, 2 * s.max_page_bytes),
+        )
+        setup_prometheus_sensors(app, registry=self.registry, name_prefix=FAUST_PREFIX)
+        pages = app.topic(s.pages_topic, partitions=s.partitions, **RAW)
+        self.probes_topic = app.topic(names["probes"], partitions=s.partitions, internal=True, **RAW)
+        self.answers_topic = app.topic(names["answers"], partitions=s.partitions, internal=True, **RAW)
+        self.table = app.Table("shards", partitions=s.partitions, key_type=bytes, value_type=bytes,
+                               store=f"{SCHEME}://local", recovery_buffer_size=200, help="the sharded index")
+
+        @app.agent(pages, name="pages")
+        async def pages_agent(stream):
+            async for event in stream.noack().events():
+                self._buffer.append(event)
+                if len(self._buffer) >= s.batch_size:
+                    await self.drain()
+
+        @app.task
+        async def batch_timer():  # a partial batch waits at most batch_timeout
+            while not app.should_stop:
+                await asyncio.sleep(s.batch_timeout)
+                if self._buffer:
+                    await self.drain()
+
+        @app.agent(self.probes_topic, name="shards")
+        async def shard_agent(stream):
+            async for events in stream.take_events(256, within=s.batch_timeout / 2):
+                t0 = time.perf_counter()
+                try:
+                    await self.on_probes(events)
+                except Exception:
+                    self.metrics.errors.labels("shard").inc()
+                    log.exception("shard stage failed on %d messages", len(events))
+                self.metrics.batch_seconds.labels("shard").observe(time.perf_counter() - t0)
+
+        @app.agent(self.answers_topic, name="answers")
+        async def answers_agent(stream):
+            async for events in stream.take_events(1024, within=s.batch_timeout / 2):
+                t0 = time.perf_counter()
+                try:
+                    batch = decode([e.value for e in events], ANSWERS)
+                    for p in sorted(self.pending.answer(batch)):
+                        await self.outbox.flush(p)
+                except Exception:
+                    self.metrics.errors.labels("answers").inc()
+                    log.exception("answers stage failed on %d messages", len(events))
+                self.metrics.batch_seconds.labels("answers").observe(time.perf_counter() - t0)
+
+        @app.timer(interval=5.0, name="gauges")
+        async def gauges():
+            self.update_gauges()
+
+        @app.on_partitions_revoked.connect
+        async def on_revoked(sender, revoked, **kwargs):
+            self.metrics.rebalances.inc()
+            gone = {tp.partition for tp in revoked if tp.topic == s.pages_topic}
+            self._buffer = [e for e in self._buffer if e.message.partition not in gone]
+            for p in gone:
+                await self.outbox.revoke(p)
+
+        @app.on_partitions_assigned.connect
+        async def on_assigned(sender, assigned, **kwargs):
+            self._recovery_started = time.monotonic()
+            self.metrics.recovery_restored.set(0)
+
+        return app
+
+    @property
+    def store(self) -> ShardStore:
+        return self.table.data  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ stage 1: pages
+    async def drain(self) -> None:
+        async with self._drain_lock:
+            events, self._buffer = self._buffer, []
+            if not events:
+                return
+            t0 = time.perf_counter()
+            records = [Record(e.message.partition, e.message.offset, e.message.key, e.message.value,
+                              _headers(e.message.headers), int(e.message.timestamp * 1000)) for e in events]
+            self.metrics.pages.inc(len(records))
+            try:
+                intake = Intake.read(records, self.pending, self.plan, self.settings.max_page_bytes)
+            except Exception as e:  # a bug, not bad input: never lose the records
+                self.metrics.errors.labels("pages").inc()
+                log.exception("intake failed on %d records; sending them to the dead-letter topic", len(records))
+                for r in records:
+                    self.pending.fail(r.partition, r.offset, "internal_error", f"{type(e).__name__}: {e}",
+                                      key=r.key, value=r.value or b"", headers=r.headers, timestamp_ms=r.timestamp_ms)
+                partitions = {r.partition for r in records}
+            else:
+                for shard_partition, batch in intake.probes.items():
+                    for chunk in _chunks(batch):
+                        await self.probes_topic.send(value=encode(chunk, PROBES), partition=shard_partition)
+                partitions = intake.partitions
+            self.metrics.batch_seconds.labels("pages").observe(time.perf_counter() - t0)
+            for p in sorted(partitions):
+                await self.outbox.flush(p)  # dead letters at the head go out now
+
+    # ------------------------------------------------------------------ stage 2: shards
+    async def on_probes(self, events: list) -> None:
+        by_partition: dict[int, list[bytes]] = defaultdict(list)
+        for e in events:
+            by_partition[e.message.partition].append(e.value)
+        replies: dict[int, list[Batch]] = defaultdict(list)
+        writes = []
+        for s, values in by_partition.items():
+            probes = decode(values, PROBES)
+            shard = self.store.shard(s)
+            ans = shard.probe_and_insert(probes.group, probes.fps, probes.fetched, probes.id_hash, probes.ids(),
+                                         probes.urls())
+            if ans.stored.any():
+                stored = probes.select(ans.stored)
+                stored.rows["request"], stored.rows["partition"] = 0, 0
+                for chunk in _chunks(stored):
+                    self._seq += 1
+                    key = struct.pack("<I", s) + self._writer + struct.pack("<Q", self._seq)
+                    writes.append((s, self.table.send_changelog(s, key, encode(chunk, CHANGELOG),
+                                                                key_serializer="raw", value_serializer="raw")))
+            matched = ans.distance >= 0
+            answer = Batch.build(group=probes.rows["group"], fps=ans.fingerprint, fetched=ans.fetched,
+                                 id_hash=ans.id_hash, request=probes.rows["request"],
+                                 distance=ans.distance, partition=probes.rows["partition"],
+                                 ids=[x if m else "" for x, m in zip(ans.ids, matched)],
+                                 urls=[x if m else "" for x, m in zip(ans.urls, matched)], kind=ANSWERS)
+            dest = probes.rows["partition"]
+            for q in np.unique(dest).tolist():
+                replies[q].append(answer.select(dest == q))
+        for s, fut in writes:  # the shard's inserts are durable before anyone hears of them
+            self.store.covered(s, (await fut).offset)
+        sent = []
+        for q, parts in replies.items():
+            for chunk in _chunks(Batch.concat(parts)):
+                sent.append(await self.answers_topic.send(value=encode(chunk, ANSWERS), partition=q))
+        await asyncio.gather(*sent)
+        for s in by_partition:
+            if self.store.snapshot_due(s, self.settings.snapshot_interval):
+                self.store.snapshot(s)
+
+    # ------------------------------------------------------------------ metrics
+    def _on_sent(self, done: list[Waiting]) -> None:
+        m, now = self.metrics, time.time()
+        for w in done:
+            if w.reason is not None:
+                m.dead_letters.labels(w.reason).inc()
+                continue
+            m.verdicts.labels(w.verdict).inc()
+            if w.best is not None:
+                m.match_distance.observe(w.best[0])
+            if (lat := latency_seconds(w, now)) is not None:
+                m.latency.observe(lat)
+
+    def _on_restored(self, partition: int, records: int) -> None:
+        self.metrics.recovery_restored.inc(records)
+
+    def update_gauges(self) -> None:
+        m = self.metrics
+        for p, shard in list(self.store.shards.items()):
+            m.shard_fingerprints.labels(str(p)).set(len(shard))
+            m.shard_bytes.labels(str(p)).set(shard.nbytes)
+        consumer = self.app.consumer
+        try:
+            assigned = consumer.assignment()
+        except Exception:  # not started yet
+            return
+        for tp in assigned:
+            hw = consumer.highwater(tp)
+            read = consumer._read_offset.get(tp)
+            if hw is not None:
+                m.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(0, hw - (read + 1 if read is not None else 0)))
+        recovery = self.app.tables.recovery
+        if recovery.in_recovery:
+            target = sum(max(0, hw - (recovery.active_offsets.get(tp) or 0)) for tp, hw in recovery.active_highwaters.items())
+            m.recovery_target.set(target)
+        else:
+            if m.recovery_target._value.get() and self._recovery_started is not None:
+                m.recovery_seconds.set(time.monotonic() - self._recovery_started)
+            m.recovery_target.set(0)
+
+
+def _chunks(batch: Batch):
+    for start in range(0, len(batch), MAX_ROWS):
+        yield batch if len(batch) <= MAX_ROWS else batch.select(np.arange(start, min(start + MAX_ROWS, len(batch))))
+
+
+def _headers(headers: Any) -> list[tuple[str, bytes]]:
+    if not headers:
+        return []
+    items = headers.items() if isinstance(headers, dict) else headers
+    return [(k if isinstance(k, str) else k.decode("utf-8", "replace"), v if v is not None else b"") for k, v in items]
+
+
+def build(settings: Settings, registry: CollectorRegistry = REGISTRY) -> Worker:
+    return Worker(settings, registry)

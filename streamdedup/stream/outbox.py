@@ -1,0 +1,122 @@
+"""The last stage: send judged records and commit their input offsets in one Kafka transaction.
+
+One transactional producer per input partition this worker owns, with the transactional id
+``<app>-out-<partition>``: a worker that takes the partition over (or a restarted one)
+fences the previous owner and aborts whatever it left open.  Each flush sends the outputs of
+the done records at the head of the partition, in offset order, and commits the offset after
+the last of them *in the same transaction*.  A consumer reading with
+``isolation_level=read_committed`` sees every page's outputs exactly once, even across a
+SIGKILL; the pages themselves are never acked to faust, whose commits would race these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError, ProducerFenced
+
+from ..pending import Pending, Waiting
+from ..routing import Topics, outputs
+from ..settings import Settings
+
+__all__ = ["Outbox"]
+
+log = logging.getLogger(__name__)
+
+
+class Outbox:
+    def __init__(self, settings: Settings, topics: Topics, pending: Pending,
+                 on_sent: Callable[[list[Waiting]], None] | None = None) -> None:
+        self.settings, self.topics, self.pending, self.on_sent = settings, topics, pending, on_sent
+        self._producers: dict[int, AIOKafkaProducer] = {}
+        self._locks: dict[int, asyncio.Lock] = {}
+        self._retry: dict[int, asyncio.TimerHandle] = {}
+
+    def _lock(self, partition: int) -> asyncio.Lock:
+        return self._locks.setdefault(partition, asyncio.Lock())
+
+    async def _producer(self, partition: int) -> AIOKafkaProducer:
+        p = self._producers.get(partition)
+        if p is None:
+            p = AIOKafkaProducer(**self.settings.aiokafka_kwargs(),
+                                 transactional_id=f"{self.settings.app_id}-out-{partition}",
+                                 linger_ms=2, max_request_size=max(1_048_576, 2 * self.settings.max_page_bytes),
+                                 client_id=f"{self.settings.app_id}-out-{partition}")
+            await p.start()  # init_transactions: fences an earlier owner of this partition
+            self._producers[partition] = p
+        return p
+
+    async def flush(self, partition: int) -> int:
+        """Send and commit every done record at the head of ``partition``; returns how many."""
+        sent = 0
+        async with self._lock(partition):
+            while ready := self.pending.ready(partition):
+                try:
+                    await self._commit(partition, ready)
+                except ProducerFenced:
+                    log.warning("partition %d: fenced by a newer owner; dropping its waiting pages", partition)
+                    self.pending.drop(partition)
+                    await self._close(partition)
+                    break
+                except KafkaError as e:
+                    log.warning("partition %d: transaction failed (%r); retrying in 1s", partition, e)
+                    await self._close(partition)  # a fresh producer aborts the open transaction
+                    self._schedule_retry(partition)
+                    break
+                self.pending.release(partition, ready)
+                sent += len(ready)
+                if self.on_sent is not None:
+                    self.on_sent(ready)
+        return sent
+
+    async def _commit(self, partition: int, ready: list[Waiting]) -> None:
+        producer = await self._producer(partition)
+        async with producer.transaction():
+            for w in ready:
+                for o in outputs(w, self.topics):
+                    await producer.send(o.topic, o.value, key=o.key, headers=o.headers)
+            await producer.send_offsets_to_transaction(
+                {TopicPartition(self.settings.pages_topic, partition): ready[-1].offset + 1}, self.settings.app_id)
+
+    def _schedule_retry(self, partition: int) -> None:
+        if partition in self._retry:
+            return
+        loop = asyncio.get_running_loop()
+
+        def fire() -> None:
+            self._retry.pop(partition, None)
+            loop.create_task(self.flush(partition))
+
+        self._retry[partition] = loop.call_later(1.0, fire)
+
+    async def _close(self, partition: int) -> None:
+        p = self._producers.pop(partition, None)
+        if p is not None:
+            try:
+                await p.stop()
+            except KafkaError as e:  # the connection may be gone already
+                log.debug("closing the producer of partition %d: %r", partition, e)
+
+    async def revoke(self, partition: int) -> None:
+        """The partition moved away: finish an in-flight flush, forget its records, close."""
+        async with self._lock(partition):
+            handle = self._retry.pop(partition, None)
+            if handle is not None:
+                handle.cancel()
+            self.pending.drop(partition)
+            await self._close(partition)
+
+    async def close(self) -> None:
+        for partition in list(self._producers):
+            await self.revoke(partition)
+
+
+def latency_seconds(w: Waiting, now: float | None = None) -> float | None:
+    """From the record's Kafka timestamp to now (None without a timestamp)."""
+    if w.timestamp_ms is None or w.timestamp_ms <= 0:
+        return None
+    return max(0.0, (now if now is not None else time.time()) - w.timestamp_ms / 1000.0)

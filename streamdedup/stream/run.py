@@ -1,0 +1,74 @@
+"""Start a worker: check the cluster's topics, then run the faust worker until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
+
+from ..settings import Settings
+
+__all__ = ["TopicError", "ensure_topics", "run_worker"]
+
+log = logging.getLogger("streamdedup.worker")
+
+
+class TopicError(RuntimeError):
+    """The cluster's topics do not fit the settings; the message says how to fix it."""
+
+
+async def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
+    """Create the pages and output topics if missing; returns the names created.
+
+    The pages topic must have ``partitions`` partitions: its partition p and the internal
+    topics' partition p go to the same worker.  Internal topics are created by faust.
+    """
+    admin = AIOKafkaAdminClient(**settings.aiokafka_kwargs(), request_timeout_ms=int(timeout * 1000))
+    try:
+        await asyncio.wait_for(admin.start(), timeout)
+    except (asyncio.TimeoutError, KafkaConnectionError, KafkaError) as e:
+        raise TopicError(f"cannot reach the Kafka brokers {','.join(settings.brokers)} ({type(e).__name__}: {e}); "
+                         "check --brokers / STREAMDEDUP_BROKERS and the security settings") from None
+    try:
+        existing = set(await admin.list_topics())
+        if settings.pages_topic in existing:
+            meta = await admin.describe_topics([settings.pages_topic])
+            n = len(meta[0]["partitions"])
+            if n != settings.partitions:
+                raise TopicError(f"the pages topic {settings.pages_topic!r} has {n} partitions but --partitions is "
+                                 f"{settings.partitions}; use --partitions {n} (every worker of a group must agree, "
+                                 "and it cannot change once the index holds pages)")
+        wanted = [settings.pages_topic, settings.unique_topic, settings.near_duplicate_topic,
+                  settings.verdicts_topic, settings.dead_letter_topic]
+        new = [NewTopic(t, settings.partitions, settings.replication_factor) for t in wanted if t not in existing]
+        created = []
+        for topic in new:  # one by one: another worker may be creating the same ones
+            try:
+                await admin.create_topics([topic])
+                created.append(topic.name)
+            except TopicAlreadyExistsError:
+                pass
+        return created
+    finally:
+        await admin.close()
+
+
+def run_worker(settings: Settings) -> None:
+    """Run until stopped (never returns: faust's Worker exits the process)."""
+    import faust
+
+    from .app import Worker
+
+    logging.basicConfig(level=settings.log_level.upper())
+    try:
+        (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TopicError(f"cannot create the data directory {settings.data_dir} ({e}); "
+                         "use --data-dir / STREAMDEDUP_DATA_DIR with a writable path") from None
+    created = asyncio.run(ensure_topics(settings))
+    if created:
+        log.info("created topics: %s", ", ".join(created))
+    worker = Worker(settings)
+    faust.Worker(worker.app, loglevel=settings.log_level, quiet=True).execute_from_commandline()

@@ -1,0 +1,157 @@
+"""Columnar batches of page rows: the bytes of probes, answers and shard changelog records.
+
+The stream worker moves fingerprints between its stages in batches (one Kafka message per
+batch and destination, never one per probe), and a shard's changelog holds one record per
+batch of stored pages.  All three use one layout, decoded with a single ``np.frombuffer``::
+
+    magic b"SDB1" | kind u8 | n u32 | n rows of ROW (48 bytes) | strings
+
+    ROW: fp u64 | fetched i64 (ms) | id_hash u64 | request u64 | group u16 | distance i16
+         | partition u32 | id_len u32 | url_len u32            (little-endian)
+
+and the strings are every row's id then url, UTF-8, in row order.  What the fields mean:
+
+* a **probe**: a page to look up in one table group; ``request`` names the waiting page,
+  ``partition`` is the input partition its answer goes back to;
+* an **answer**: the best earlier match in that group (``distance`` -1 and empty strings when
+  there is none; otherwise the match's fingerprint, order key, id hash, id and url);
+* a **changelog** record: pages a shard stored (``request``, ``distance``, ``partition`` 0).
+
+>>> b = Batch.build(group=[1], fps=[0xABC], fetched=[5], id_hash=[7], ids=["p1"], urls=["http://a/"])
+>>> d = decode([encode(b, CHANGELOG)]); int(d.group[0]), hex(int(d.fps[0])), d.ids(), d.urls()
+(1, '0xabc', ['p1'], ['http://a/'])
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["ROW", "PROBES", "ANSWERS", "CHANGELOG", "Batch", "encode", "decode"]
+
+ROW = np.dtype([("fp", "<u8"), ("fetched", "<i8"), ("id_hash", "<u8"), ("request", "<u8"), ("group", "<u2"),
+                ("distance", "<i2"), ("partition", "<u4"), ("id_len", "<u4"), ("url_len", "<u4")])
+assert ROW.itemsize == 48
+PROBES, ANSWERS, CHANGELOG = 1, 2, 3
+_MAGIC = b"SDB1"
+_HEAD = struct.Struct("<4sBI")
+
+
+@dataclass
+class Batch:
+    """Rows as numpy columns; ids and urls interleaved in one UTF-8 blob (id 0, url 0, id 1, ...)
+    with their byte lengths, so no Python object per row until a string is asked for."""
+
+    rows: np.ndarray  # ROW structured array
+    strings: bytes
+    kind: int = 0
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    # column views, named as the shard uses them
+    @property
+    def group(self) -> np.ndarray:
+        return self.rows["group"].astype(np.int64)
+
+    @property
+    def fps(self) -> np.ndarray:
+        return self.rows["fp"]
+
+    @property
+    def fetched(self) -> np.ndarray:
+        return self.rows["fetched"]
+
+    @property
+    def id_hash(self) -> np.ndarray:
+        return self.rows["id_hash"]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Byte lengths, two per row: id, url."""
+        out = np.empty(2 * len(self.rows), dtype=np.int64)
+        out[0::2], out[1::2] = self.rows["id_len"], self.rows["url_len"]
+        return out
+
+    def ids(self) -> list[str]:
+        return _split(self.strings, self.lengths)[0::2]
+
+    def urls(self) -> list[str]:
+        return _split(self.strings, self.lengths)[1::2]
+
+    def select(self, mask_or_index: np.ndarray) -> "Batch":
+        """The rows picked by a boolean mask or an index array, in that order."""
+        idx = np.flatnonzero(mask_or_index) if np.asarray(mask_or_index).dtype == bool else np.asarray(
+            mask_or_index, dtype=np.int64)
+        lengths = self.lengths.reshape(-1, 2)
+        ends = np.cumsum(lengths.sum(axis=1))
+        starts = ends - lengths.sum(axis=1)
+        blob = memoryview(self.strings)
+        strings = b"".join(blob[s:e] for s, e in zip(starts[idx].tolist(), ends[idx].tolist()))
+        return Batch(self.rows[idx], strings, self.kind)
+
+    @classmethod
+    def build(cls, *, group, fps, fetched, id_hash, ids: Sequence[str], urls: Sequence[str], request=0,
+              distance=0, partition=0, kind: int = 0) -> "Batch":
+        """Rows from columns (scalars broadcast) and strings."""
+        n = len(ids)
+        rows = np.zeros(n, dtype=ROW)
+        for name, value in (("group", group), ("fp", fps), ("fetched", fetched), ("id_hash", id_hash),
+                            ("request", request), ("distance", distance), ("partition", partition)):
+            rows[name] = value
+        parts, id_len, url_len = [], np.empty(n, np.uint32), np.empty(n, np.uint32)
+        for i, (a, b) in enumerate(zip(ids, urls)):
+            ab, ub = a.encode("utf-8", "surrogatepass"), b.encode("utf-8", "surrogatepass")
+            parts += (ab, ub)
+            id_len[i], url_len[i] = len(ab), len(ub)
+        rows["id_len"], rows["url_len"] = id_len, url_len
+        return cls(rows, b"".join(parts), kind)
+
+    @classmethod
+    def concat(cls, batches: Sequence["Batch"]) -> "Batch":
+        if not batches:
+            return cls(np.zeros(0, dtype=ROW), b"")
+        return cls(np.concatenate([b.rows for b in batches]), b"".join(b.strings for b in batches),
+                   batches[0].kind)
+
+
+def encode(batch: Batch, kind: int) -> bytes:
+    """One message value for ``batch``."""
+    return _HEAD.pack(_MAGIC, kind, len(batch.rows)) + batch.rows.tobytes() + batch.strings
+
+
+def decode(values: Sequence[bytes], kind: int | None = None) -> Batch:
+    """Decode message values into one batch (raises ValueError on a malformed value).
+
+    ``kind``: the kind every value must have (None: any, taken from the first).
+    """
+    rows, strings = [], []
+    for value in values:
+        if len(value) < _HEAD.size:
+            raise ValueError(f"a batch of {len(value)} bytes is shorter than its header")
+        magic, k, n = _HEAD.unpack_from(value)
+        if magic != _MAGIC:
+            raise ValueError(f"not a streamdedup batch (magic {magic!r})")
+        if kind is not None and k != kind:
+            raise ValueError(f"expected a batch of kind {kind}, got kind {k}")
+        kind = k
+        r = np.frombuffer(value, dtype=ROW, count=n, offset=_HEAD.size) if n else np.zeros(0, dtype=ROW)
+        body = value[_HEAD.size + n * ROW.itemsize:]
+        if len(body) != int(r["id_len"].sum(dtype=np.int64) + r["url_len"].sum(dtype=np.int64)):
+            raise ValueError("a batch's string lengths do not add up")
+        rows.append(r)
+        strings.append(body)
+    if not rows:
+        return Batch(np.zeros(0, dtype=ROW), b"", kind or 0)
+    return Batch(np.concatenate(rows) if len(rows) > 1 else rows[0].copy(), b"".join(strings), kind or 0)
+
+
+def _split(blob: bytes, lens: np.ndarray) -> list[str]:
+    out, start = [], 0
+    for end in np.cumsum(lens).tolist():
+        out.append(blob[start:end].decode("utf-8", "surrogatepass"))
+        start = end
+    return out
