@@ -20,11 +20,15 @@ class TopicError(RuntimeError):
 
 
 async def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
-    """Create the pages and output topics if missing; returns the names created.
+    """Create the pages, output and internal topics if missing; returns the names created.
 
     The pages topic must have ``partitions`` partitions: its partition p and the internal
-    topics' partition p go to the same worker.  Internal topics are created by faust.
+    topics' partition p go to the same worker.  The internal topics are created here, before
+    faust starts, because a topic that appears after the group's first assignment is not
+    assigned until the next rebalance.
     """
+    from .app import internal_topics
+
     admin = AIOKafkaAdminClient(**settings.aiokafka_kwargs(), request_timeout_ms=int(timeout * 1000))
     try:
         await asyncio.wait_for(admin.start(), timeout)
@@ -40,9 +44,18 @@ async def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
                 raise TopicError(f"the pages topic {settings.pages_topic!r} has {n} partitions but --partitions is "
                                  f"{settings.partitions}; use --partitions {n} (every worker of a group must agree, "
                                  "and it cannot change once the index holds pages)")
-        wanted = [settings.pages_topic, settings.unique_topic, settings.near_duplicate_topic,
-                  settings.verdicts_topic, settings.dead_letter_topic]
-        new = [NewTopic(t, settings.partitions, settings.replication_factor) for t in wanted if t not in existing]
+        internal = internal_topics(settings)
+        wanted = {settings.pages_topic: {}, settings.unique_topic: {}, settings.near_duplicate_topic: {},
+                  settings.verdicts_topic: {}, settings.dead_letter_topic: {}, internal["probes"]: {},
+                  internal["answers"]: {}, internal["changelog"]: {"cleanup.policy": "compact"}}
+        for name in (internal["probes"], internal["answers"], internal["changelog"]):
+            if name in existing:
+                meta = await admin.describe_topics([name])
+                if (n := len(meta[0]["partitions"])) != settings.partitions:
+                    raise TopicError(f"the internal topic {name!r} has {n} partitions but --partitions is "
+                                     f"{settings.partitions}; use --partitions {n}, or a new --app-id")
+        new = [NewTopic(t, settings.partitions, settings.replication_factor, topic_configs=config)
+               for t, config in wanted.items() if t not in existing]
         created = []
         for topic in new:  # one by one: another worker may be creating the same ones
             try:

@@ -1,0 +1,254 @@
+"""The stream worker against the real broker: routing, worker-count independence, SIGKILL,
+dead letters, a third-party producer (kcat), and SASL/SCRAM.
+
+Expected verdicts come from the embedded engine (:class:`Deduplicator`, what ``scan`` runs)
+on the same pages in the same order, so the stream must agree with it page by page.  Pages
+are produced in waves (each wave after the previous one is judged) and no two pages of a wave
+are near-duplicates of each other: the order between near-duplicates that race through
+different shards at the same moment is the one thing the stream does not promise (see
+docs/stream-design.md).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+from stream_harness import StreamTopics, WorkerProcess, page_record, produce, wait_for_verdicts
+from streamdedup.dedup import Deduplicator
+from streamdedup.fingerprint import page_text
+from streamdedup.records import page_from_json
+
+pytestmark = pytest.mark.kafka
+
+VOCAB = [f"w{i}" for i in range(5000)]
+
+
+def _text(rng, n=400) -> list[str]:
+    return [VOCAB[i] for i in rng.integers(0, len(VOCAB), n)]
+
+
+def _html(words: list[str], title: str, boilerplate: str = "") -> str:
+    return (f"<html><head><title>{title}</title></head><body>{boilerplate}<p>{' '.join(words)}</p>"
+            f"</body></html>")
+
+
+def make_waves(seed: int, bases: int, waves: int, extra_unique: int = 0, edit: bool = True) -> list[list[dict]]:
+    """Wave 0: ``bases`` distinct pages; wave w > 0: a variant of each base (so each wave's pages
+    are near-duplicates of earlier waves, not of each other) plus fresh unique pages.
+
+    A variant has one word of its text changed (``edit``; simhash puts most such pairs within
+    3 bits, not all) and, always, a different advert, visit counter and timestamp."""
+    rng = np.random.default_rng(seed)
+    base_words = [_text(rng) for _ in range(bases)]
+    out, clock = [], 0
+    for w in range(waves):
+        wave = []
+        for b, words in enumerate(base_words):
+            words = list(words)
+            if w and edit:
+                words[int(rng.integers(0, len(words)))] = f"edit{w}"  # one word changed
+            clock += 1
+            noise = (f"<aside class='advert'>Buy product {rng.integers(10**6)} now</aside>"
+                     f"<footer>{rng.integers(10**6)} visits, generated 2024-01-01 00:00:{clock % 60:02d}</footer>")
+            wave.append(page_record(f"http://site{b % 7}.test/p{b}/v{w}", _html(words, f"page {b}", noise),
+                                    f"2024-01-01T00:{clock // 60:02d}:{clock % 60:02d}Z"))
+        for u in range(extra_unique):
+            clock += 1
+            wave.append(page_record(f"http://other.test/{w}/{u}", _html(_text(rng), "other"),
+                                    f"2024-01-01T00:{clock // 60:02d}:{clock % 60:02d}Z"))
+        out.append(wave)
+    return out
+
+
+def expected_verdicts(records: list[dict]) -> dict[str, tuple]:
+    pages = [page_from_json(json.dumps(r).encode()) for r in records]
+    d = Deduplicator("simhash", k=3)
+    got = d.process([p.id for p in pages], [p.url for p in pages], [page_text(p) for p in pages])
+    return {v.id: (v.verdict, v.match_id, v.distance) for v in got}
+
+
+def run_waves(kafka, topics, waves, timeout=90.0) -> dict:
+    sent = 0
+    for wave in waves:
+        produce(kafka, topics.pages, wave)
+        sent += len(wave)
+        out = wait_for_verdicts(kafka, topics, sent, timeout)
+        assert n_verdicts(out) == sent, f"{n_verdicts(out)} of {sent} verdicts"
+    return out
+
+
+def n_verdicts(out: dict) -> int:
+    return sum(map(len, out["verdicts"].values()))
+
+
+def once_each(out: dict) -> bool:
+    """Every input record (partition, offset) has at most one verdict."""
+    seen = [(v["partition"], v["offset"]) for vs in out["verdicts"].values() for v in vs]
+    return len(seen) == len(set(seen))
+
+
+def judged(out: dict) -> dict[str, tuple]:
+    """Page id -> its last verdict (a re-fetched id has one per fetch)."""
+    return {k: (v[-1]["verdict"], v[-1]["match_id"], v[-1]["distance"]) for k, v in out["verdicts"].items()}
+
+
+def test_planted_near_duplicates_are_routed_with_their_match(kafka, tmp_path):
+    topics = StreamTopics.fresh(kafka, partitions=4)
+    waves = make_waves(seed=1, bases=12, waves=2, extra_unique=3, edit=False)  # adverts, counters, times
+    # the same URL and content again, of a page with no near-duplicate among the others
+    refetch = dict(waves[0][-1], fetched_at="2024-01-02T00:00:00Z")
+    waves.append([refetch])
+    with WorkerProcess(kafka, topics, tmp_path):
+        out = run_waves(kafka, topics, waves)
+    records = [r for w in waves for r in w]
+    assert once_each(out), "a page got two verdicts"
+    near = {m.key.decode(): m for m in out["near"]}
+    unique = {m.key.decode(): m for m in out["unique"]}
+    for b in range(12):  # every planted edit is flagged, with its original as the match
+        m = near[f"http://site{b % 7}.test/p{b}/v1"]
+        headers = dict(m.headers)
+        assert headers["streamdedup-verdict"] == b"near_duplicate"
+        assert headers["streamdedup-match-id"] == f"http://site{b % 7}.test/p{b}/v0".encode()
+        assert headers["streamdedup-match-url"] == headers["streamdedup-match-id"]
+        assert int(headers["streamdedup-distance"]) == 0 and len(headers["streamdedup-fingerprint"]) == 16
+    # outputs carry the crawler's bytes unchanged
+    sent = {r["url"]: json.dumps(r).encode() for r in records[:-1]}
+    for key, m in {**near, **unique}.items():
+        if key in sent and key != refetch["url"]:
+            assert m.value == sent[key]
+    # a re-fetch of the same URL is never a duplicate of itself
+    assert [v["verdict"] for v in out["verdicts"][refetch["url"]]] == ["unique", "unique"]
+    assert judged(out) == expected_verdicts(records)
+
+
+def test_one_and_two_workers_give_the_same_verdicts(kafka, tmp_path):
+    waves = make_waves(seed=2, bases=40, waves=3, extra_unique=10)
+    records = [r for w in waves for r in w]
+    expected = expected_verdicts(records)
+    assert sum(v[0] == "near_duplicate" for v in expected.values()) >= 60  # the test means something
+    results = []
+    for n_workers in (1, 2):
+        topics = StreamTopics.fresh(kafka, partitions=4)
+        workers = [WorkerProcess(kafka, topics, tmp_path / f"n{n_workers}", name=f"w{i}") for i in range(n_workers)]
+        try:
+            for w in workers:
+                w.start()
+            if n_workers == 2:  # both hold partitions before the pages come
+                workers[0].wait_for_log("[^---Recovery]: Worker ready", 60)
+                time.sleep(1)
+            out = run_waves(kafka, topics, waves)
+        finally:
+            for w in workers:
+                w.__exit__(None, None, None)
+        assert once_each(out) and n_verdicts(out) == len(records)
+        results.append(judged(out))
+    assert results[0] == results[1] == expected
+
+
+def test_sigkill_mid_stream_then_restart(kafka, tmp_path):
+    topics = StreamTopics.fresh(kafka, partitions=4)
+    waves = make_waves(seed=3, bases=150, waves=4, extra_unique=50)
+    first, rest = waves[0], [r for w in waves[1:] for r in w]
+    worker = WorkerProcess(kafka, topics, tmp_path, env={"STREAMDEDUP_BATCH_SIZE": "50"})
+    worker.start()
+    try:
+        produce(kafka, topics.pages, first)
+        assert n_verdicts(wait_for_verdicts(kafka, topics, len(first))) == len(first)
+        # the rest in one go; kill the worker once some, not all, of it is judged
+        produce(kafka, topics.pages, rest)
+        out = wait_for_verdicts(kafka, topics, len(first) + 20, timeout=60)
+        worker.kill()
+        judged_before = n_verdicts(out)
+        assert len(first) < judged_before < len(first) + len(rest), "the kill did not land mid-stream"
+        worker.start(timeout=90)  # same group, same data dir: recovers the shards, resumes
+        total = len(first) + len(rest)
+        out = wait_for_verdicts(kafka, topics, total, timeout=120)
+    finally:
+        worker.__exit__(None, None, None)
+    counts = {k: len(v) for k, v in out["verdicts"].items()}
+    assert len(counts) == total, f"{total - len(counts)} pages have no verdict"
+    assert max(counts.values()) == 1 and once_each(out), \
+        f"pages with two verdicts: {[k for k, n in counts.items() if n > 1][:5]}"
+    assert len(out["unique"]) + len(out["near"]) == total
+    # pages judged before the crash are still found afterwards: the verdicts equal the embedded run's
+    assert judged(out) == expected_verdicts(first + rest)
+
+
+def test_bad_input_goes_to_the_dead_letter_topic_and_good_pages_keep_flowing(kafka, tmp_path):
+    topics = StreamTopics.fresh(kafka, partitions=2)
+    good = [page_record(f"http://good.test/{i}", f"<p>good page number {i} " + "filler words here " * 20 + "</p>")
+            for i in range(6)]
+    big = json.dumps(page_record("http://big.test/", "<p>" + "x" * 3000 + "</p>")).encode()
+    bad = [
+        (b"k1", b"this is not json", "not_json"),
+        (b"k2", b"\xff\xfe\xfa not utf-8", "not_utf8"),
+        (b"k3", json.dumps({"content": "<p>no url</p>"}).encode(), "missing_field"),
+        (b"k4", json.dumps({"url": "http://no-content.test/"}).encode(), "missing_field"),
+        (b"k5", big, "too_large"),
+        (b"k6", b"", "empty"),
+        (b"k7", b"[1, 2]", "not_object"),
+        (b"k8", json.dumps({"url": "http://e.test/", "content": "   "}).encode(), "empty"),
+        (b"k9", json.dumps({"url": "http://b.test/", "content": "\x00\x01\x02\x03" * 50}).encode(), "binary"),
+        (b"k10", json.dumps({"url": "http://t.test/", "content": "x", "fetched_at": "yesterday"}).encode(),
+         "bad_field"),
+        (b"k11", None, "empty"),  # a tombstone
+    ]
+    stream = []
+    for i, b in enumerate(bad):  # interleaved with good pages
+        stream.append((b[0], b[1], [("crawler-run", b"42")]))
+        if i < len(good):
+            stream.append(good[i])
+    with WorkerProcess(kafka, topics, tmp_path, env={"STREAMDEDUP_MAX_PAGE_BYTES": "2048"}) as w:
+        produce(kafka, topics.pages, stream)
+        out = wait_for_verdicts(kafka, topics, len(good), dead_letters=len(bad))
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{w.web_port}/metrics", timeout=10).read().decode()
+        assert w.proc.poll() is None  # still running
+    dead = {m.key: m for m in out["dead"]}
+    assert len(out["dead"]) == len(bad)
+    for key, value, reason in bad:
+        m = dead[key]
+        headers = dict(m.headers)
+        assert headers["streamdedup-reason"] == reason.encode(), (key, headers)
+        assert headers["streamdedup-error"] and headers["crawler-run"] == b"42"
+        assert m.value == (value or b"")  # the input bytes, for a replay after a fix
+    assert n_verdicts(out) == len(good)
+    assert 'streamdedup_dead_letters_total{reason="missing_field"} 2.0' in metrics
+
+
+def test_a_page_sent_with_kcat_is_judged_and_read_back_with_kcat(kafka, tmp_path):
+    kcat = shutil.which("kcat")
+    assert kcat, "kcat is missing: run deploy/local/install-debian-packages.sh (make install does)"
+    topics = StreamTopics.fresh(kafka, partitions=1)
+    page = json.dumps(page_record("http://kcat.test/a", "<p>" + "sent by kcat " * 30 + "</p>"))
+    with WorkerProcess(kafka, topics, tmp_path):
+        subprocess.run([kcat, "-P", "-b", kafka.bootstrap, "-t", topics.pages, "-K", "\t", "-H", "via=kcat"],
+                       input=f"http://kcat.test/a\t{page}\n".encode(), check=True, timeout=30)
+        out = wait_for_verdicts(kafka, topics, 1)
+        read = subprocess.run([kcat, "-C", "-b", kafka.bootstrap, "-t", topics.unique, "-e", "-o", "beginning",
+                               "-X", "isolation.level=read_committed", "-f", "%k\t%h\t%s\n"],
+                              capture_output=True, check=True, timeout=30).stdout.decode()
+    assert out["verdicts"]["http://kcat.test/a"][0]["verdict"] == "unique"
+    key, headers, value = read.rstrip("\n").split("\t", 2)
+    assert key == "http://kcat.test/a" and value == page
+    assert "via=kcat" in headers and "streamdedup-verdict=unique" in headers
+
+
+def test_the_worker_connects_over_sasl_scram(kafka, tmp_path):
+    topics = StreamTopics.fresh(kafka, partitions=2)
+    env = {"STREAMDEDUP_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "STREAMDEDUP_SASL_MECHANISM": "SCRAM-SHA-512",
+           "STREAMDEDUP_SASL_USERNAME": kafka.sasl_user, "STREAMDEDUP_SASL_PASSWORD": kafka.sasl_password}
+    a = page_record("http://sasl.test/a", "<p>" + " ".join(f"word{i}" for i in range(300)) + "</p>")
+    b = page_record("http://sasl.test/b", a["content"].replace("word7 ", "changed "))
+    with WorkerProcess(kafka, topics, tmp_path, env=env, brokers=kafka.sasl_bootstrap):
+        produce(kafka, topics.pages, [a], kafka.client_kwargs("SCRAM-SHA-512"))
+        wait_for_verdicts(kafka, topics, 1)
+        produce(kafka, topics.pages, [b], kafka.client_kwargs("SCRAM-SHA-512"))
+        out = wait_for_verdicts(kafka, topics, 2)
+    assert out["verdicts"]["http://sasl.test/b"][0]["match_id"] == "http://sasl.test/a"

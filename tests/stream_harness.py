@@ -1,0 +1,193 @@
+"""Run real ``streamdedup worker`` processes against the test broker, feed them, read what they wrote.
+
+    topics = StreamTopics.fresh(kafka, partitions=4)
+    with WorkerProcess(kafka, topics, tmp_path) as w:    # waits for "Worker: Ready"
+        produce(kafka, topics.pages, [page_record(...), ...])
+        verdicts = wait_for_verdicts(kafka, topics, n=10)   # read_committed, by page id
+
+Each test gets its own topics and consumer group (``StreamTopics.fresh``), so tests do not see
+each other's pages.  A worker is a subprocess with its own web port and data dir; ``kill()``
+sends SIGKILL, ``stop()`` SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from kafka_broker import free_ports, unique_name
+
+__all__ = ["StreamTopics", "WorkerProcess", "produce", "read_all", "wait_for_verdicts", "page_record"]
+
+READY = "[^Worker]: Ready"
+
+
+@dataclass(frozen=True)
+class StreamTopics:
+    app_id: str
+    pages: str
+    unique: str
+    near_duplicate: str
+    verdicts: str
+    dead_letter: str
+    partitions: int
+
+    @classmethod
+    def fresh(cls, kafka, partitions: int = 4) -> "StreamTopics":
+        base = unique_name("sd")
+        t = cls(base, f"{base}.pages", f"{base}.unique", f"{base}.near-duplicate", f"{base}.verdicts",
+                f"{base}.dead-letter", partitions)
+        kafka.create_topic(t.pages, partitions)
+        return t
+
+    def env(self) -> dict[str, str]:
+        return {"STREAMDEDUP_APP_ID": self.app_id, "STREAMDEDUP_PAGES_TOPIC": self.pages,
+                "STREAMDEDUP_UNIQUE_TOPIC": self.unique, "STREAMDEDUP_NEAR_DUPLICATE_TOPIC": self.near_duplicate,
+                "STREAMDEDUP_VERDICTS_TOPIC": self.verdicts, "STREAMDEDUP_DEAD_LETTER_TOPIC": self.dead_letter,
+                "STREAMDEDUP_PARTITIONS": str(self.partitions)}
+
+
+class WorkerProcess:
+    def __init__(self, kafka, topics: StreamTopics, workdir: Path, name: str = "w", env: dict | None = None,
+                 brokers: str | None = None) -> None:
+        self.kafka, self.topics, self.name = kafka, topics, name
+        self.dir = Path(workdir) / name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.dir / "worker.log"
+        self.web_port = free_ports(1)[0]
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMDEDUP_")}
+        self.env.update(topics.env())
+        self.env.update({"STREAMDEDUP_BROKERS": brokers or kafka.bootstrap, "STREAMDEDUP_WEB_PORT": str(self.web_port),
+                         "STREAMDEDUP_DATA_DIR": str(self.dir / "data"), "STREAMDEDUP_BATCH_TIMEOUT": "0.05"})
+        self.env.update(env or {})
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+
+    def start(self, timeout: float = 60.0) -> "WorkerProcess":
+        self._log = open(self.log_path, "ab")
+        start = self.log_path.stat().st_size
+        self.proc = subprocess.Popen([sys.executable, "-m", "streamdedup.cli", "worker"], env=self.env,
+                                     stdout=self._log, stderr=subprocess.STDOUT, cwd=self.dir)
+        self.wait_for_log(READY, timeout, since=start)
+        return self
+
+    def wait_for_log(self, text: str, timeout: float, since: int = 0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.log_path.read_bytes()[since:].decode("utf-8", "replace"):
+                return
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"worker {self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            time.sleep(0.1)
+        raise AssertionError(f"worker {self.name}: no {text!r} within {timeout}s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text("utf-8", "replace").splitlines()[-lines:])
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+            raise AssertionError(f"worker {self.name} did not stop on SIGTERM within {timeout}s:\n{self.log_tail()}")
+
+    def __enter__(self) -> "WorkerProcess":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self.proc is not None and self.proc.poll() is None:
+                self.stop()
+        finally:
+            if self._log:
+                self._log.close()
+
+
+def page_record(url: str, content: str, fetched_at: str | None = None, **extra: Any) -> dict:
+    rec = {"url": url, "content": content, "content_type": "text/html"}
+    if fetched_at is not None:
+        rec["fetched_at"] = fetched_at
+    rec.update(extra)
+    return rec
+
+
+def produce(kafka, topic: str, records: list, client_kwargs: dict | None = None) -> None:
+    """Send records: a dict becomes JSON keyed by its id or url; a (key, value[, headers]) tuple
+    is sent as it is (raw bytes, for bad input)."""
+
+    async def run() -> None:
+        p = AIOKafkaProducer(**(client_kwargs or kafka.client_kwargs()), max_request_size=20_000_000)
+        await p.start()
+        try:
+            for r in records:
+                if isinstance(r, dict):
+                    key = (r.get("id") or r["url"]).encode()
+                    await p.send(topic, json.dumps(r).encode(), key=key)
+                else:
+                    await p.send(topic, r[1], key=r[0], headers=list(r[2]) if len(r) > 2 else None)
+            await p.flush()
+        finally:
+            await p.stop()
+
+    asyncio.run(run())
+
+
+def read_all(kafka, topics: list[str], until: Any, timeout: float = 60.0) -> dict[str, list]:
+    """Committed records of ``topics`` from the beginning, until ``until(records_by_topic)`` is
+    true or ``timeout`` passes (then returns what there is)."""
+
+    async def run() -> dict[str, list]:
+        c = AIOKafkaConsumer(*topics, **kafka.client_kwargs(), group_id=None, auto_offset_reset="earliest",
+                             isolation_level="read_committed", enable_auto_commit=False, metadata_max_age_ms=1000)
+        await c.start()
+        out: dict[str, list] = defaultdict(list)
+        try:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and not until(out):
+                for tp, msgs in (await c.getmany(timeout_ms=200)).items():
+                    out[tp.topic].extend(msgs)
+        finally:
+            await c.stop()
+        return out
+
+    return asyncio.run(run())
+
+
+def wait_for_verdicts(kafka, topics: StreamTopics, n: int, timeout: float = 60.0, dead_letters: int = 0) -> dict:
+    """Every output record once ``n`` verdict records and ``dead_letters`` dead letters are in.
+
+    Returns ``{"verdicts": {id: [verdict dicts]}, "unique": [...], "near": [...], "dead": [...]}``.
+    """
+    names = [topics.verdicts, topics.unique, topics.near_duplicate, topics.dead_letter]
+
+    def done(out: dict) -> bool:
+        return (len(out[topics.verdicts]) >= n and len(out[topics.dead_letter]) >= dead_letters
+                and len(out[topics.unique]) + len(out[topics.near_duplicate]) >= n)
+
+    out = read_all(kafka, names, done, timeout)
+    verdicts: dict[str, list] = defaultdict(list)
+    for m in out[topics.verdicts]:
+        v = json.loads(m.value)
+        verdicts[v["id"]].append(v)
+    return {"verdicts": dict(verdicts), "unique": out[topics.unique], "near": out[topics.near_duplicate],
+            "dead": out[topics.dead_letter]}
