@@ -252,3 +252,23 @@ def test_the_worker_connects_over_sasl_scram(kafka, tmp_path):
         produce(kafka, topics.pages, [b], kafka.client_kwargs("SCRAM-SHA-512"))
         out = wait_for_verdicts(kafka, topics, 2)
     assert out["verdicts"]["http://sasl.test/b"][0]["match_id"] == "http://sasl.test/a"
+
+
+def test_a_clean_stop_snapshots_the_shards_and_a_restart_answers_from_them(kafka, tmp_path):
+    topics = StreamTopics.fresh(kafka, partitions=2)
+    waves = make_waves(seed=4, bases=20, waves=2, extra_unique=5)
+    worker = WorkerProcess(kafka, topics, tmp_path)
+    worker.start()
+    try:
+        produce(kafka, topics.pages, waves[0])
+        wait_for_verdicts(kafka, topics, len(waves[0]))
+        assert worker.stop() == 0  # SIGTERM: exits cleanly, writing a snapshot of each shard
+        snapshots = sorted((worker.dir / "data" / "snapshots").glob("*.npz"))
+        assert [p.name for p in snapshots] == [f"{topics.app_id}-shards-changelog-{i}.npz" for i in range(2)]
+        worker.start()
+        assert worker.log_path.read_text().count("loaded snapshot of shard") == 2
+        produce(kafka, topics.pages, waves[1])
+        out = wait_for_verdicts(kafka, topics, len(waves[0]) + len(waves[1]))
+    finally:
+        worker.__exit__(None, None, None)
+    assert once_each(out) and judged(out) == expected_verdicts(waves[0] + waves[1])
