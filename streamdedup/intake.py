@@ -26,7 +26,7 @@ from .shard import ShardPlan
 from .text import PageError
 from .wire import PROBES, Batch
 
-__all__ = ["Record", "Intake", "fetched_ms", "id_hash"]
+__all__ = ["Record", "Intake", "probe_batches", "fetched_ms", "id_hash"]
 
 
 @dataclass(frozen=True)
@@ -86,21 +86,24 @@ class Intake:
         if not rows:
             return out
         idx = np.array([x[0] for x in rows])
-        fps = fps[idx]
-        dest = plan.probes(fps)  # (n, groups)
-        n, g = dest.shape
-        page_of = np.repeat(np.arange(n), g)
-        flat = Batch.build(group=np.tile(np.arange(g), n), fps=fps[page_of],
-                           fetched=np.array([x[2] for x in rows], dtype=np.int64)[page_of],
-                           id_hash=np.array([x[3] for x in rows], dtype=np.uint64)[page_of],
-                           request=np.array([x[1] for x in rows], dtype=np.uint64)[page_of],
-                           partition=np.array([x[4] for x in rows])[page_of],
-                           ids=[rows[i][5] for i in page_of.tolist()], urls=[rows[i][6] for i in page_of.tolist()],
-                           kind=PROBES)
-        dest = dest.ravel()
-        for s in np.unique(dest).tolist():
-            out.probes[s] = flat.select(dest == s)
+        out.probes = probe_batches(plan, fps[idx], *(list(c) for c in zip(*(x[1:] for x in rows))))
         return out
+
+
+def probe_batches(plan: ShardPlan, fps: np.ndarray, requests, fetched, id_hashes, partitions, ids, urls,
+                  kind: int = PROBES) -> dict[int, Batch]:
+    """One probe per (page, table group), grouped by the shard partition that owns it."""
+    dest = plan.probes(fps)  # (n, groups)
+    n, g = dest.shape
+    page_of = np.repeat(np.arange(n), g)
+    flat = Batch.build(group=np.tile(np.arange(g), n), fps=fps[page_of],
+                       fetched=np.asarray(fetched, dtype=np.int64)[page_of],
+                       id_hash=np.asarray(id_hashes, dtype=np.uint64)[page_of],
+                       request=np.asarray(requests, dtype=np.uint64)[page_of],
+                       partition=np.asarray(partitions)[page_of],
+                       ids=[ids[i] for i in page_of.tolist()], urls=[urls[i] for i in page_of.tolist()], kind=kind)
+    dest = dest.ravel()
+    return {s: flat.select(dest == s) for s in np.unique(dest).tolist()}
 
 
 def fetched_ms(value: str | None, fallback_ms: int | None) -> int:

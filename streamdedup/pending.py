@@ -51,6 +51,7 @@ class Waiting:
     missing: int = 0  # bitmask of groups not answered yet
     best: tuple | None = None  # (distance, fetched, id_hash, fingerprint, id, url) of the match
     request: int | None = None
+    on_done: object = None  # a check's callback, called with the record when its answers are in
 
     @property
     def done(self) -> bool:
@@ -102,6 +103,17 @@ class Pending:
         self._add(Waiting(partition, offset, key, value, list(headers), timestamp_ms, page_id, reason=reason,
                           error=error))
 
+    def add_check(self, page_id: str, url: str, fingerprint: int, on_done) -> int:
+        """Wait for the answers to a check (not stored, never released); ``on_done(waiting)`` is
+        called when they are all in.  Returns the request id; :meth:`cancel` forgets it."""
+        request = self._prefix | (next(self._counter) & 0xFFFF_FFFF)
+        self._requests[request] = Waiting(-1, -1, None, b"", page_id=page_id, url=url, fingerprint=fingerprint,
+                                          missing=(1 << self.n_groups) - 1, request=request, on_done=on_done)
+        return request
+
+    def cancel(self, request: int) -> None:
+        self._requests.pop(request, None)
+
     def fail(self, partition: int, offset: int, reason: str, error: str, *, key: bytes | None, value: bytes,
              headers=(), timestamp_ms: int | None = None) -> None:
         """Make a record a dead letter, whether or not it is waiting already (an internal error)."""
@@ -125,6 +137,9 @@ class Pending:
                 w.best = cand
         if w.done:
             del self._requests[request]
+            if w.on_done is not None:
+                w.on_done(w)
+                return None
         return w.partition
 
     def answer(self, batch: Batch) -> set[int]:

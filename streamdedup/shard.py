@@ -167,19 +167,21 @@ class Shard:
         return sum(g.nbytes for g in self._groups.values())
 
     def probe_and_insert(self, group: np.ndarray, fps: np.ndarray, fetched: np.ndarray, id_hash: np.ndarray,
-                         ids: list[str], urls: list[str]) -> Answers:
-        """Answer a batch of probes in order, then store the pages (see the module's rules)."""
+                         ids: list[str], urls: list[str], store: bool = True) -> Answers:
+        """Answer a batch of probes in order, then store the pages (see the module's rules).
+
+        ``store=False``: only answer, against the stored pages (a synchronous check)."""
         n = len(fps)
         out = Answers(np.full(n, -1, np.int64), np.zeros(n, np.uint64), np.zeros(n, np.int64),
                       np.zeros(n, np.uint64), [None] * n, [None] * n, np.zeros(n, dtype=bool))
-        group = np.asarray(group, dtype=np.int64)
+        group, insert = np.asarray(group, dtype=np.int64), store
         for g in np.unique(group).tolist():
             sel = np.flatnonzero(group == g)
             store = self._groups.get(g)
             if store is None:
                 store = self._groups[g] = _GroupStore(self.plan.group_design(g))
             store.probe_and_insert(sel, fps[sel], fetched[sel], id_hash[sel], [ids[i] for i in sel],
-                                   [urls[i] for i in sel], out)
+                                   [urls[i] for i in sel], out, insert)
         return out
 
     def save(self, path: "os.PathLike[str] | str", meta: dict | None = None) -> None:
@@ -239,11 +241,11 @@ class _GroupStore:
         cols = (self.fps, self.fetched, self.id_hash)
         return self.index.nbytes + sum(c.nbytes for c in cols) + self.texts.nbytes
 
-    def probe_and_insert(self, sel, fps, fetched, id_hash, ids, urls, out: Answers) -> None:
+    def probe_and_insert(self, sel, fps, fetched, id_hash, ids, urls, out: Answers, insert: bool = True) -> None:
         found = self.index.search(fps)  # rows stored before this batch
         q, row, dist = found.query, found.row, found.distance
-        # pages of this batch count too: compare the batch with itself
-        bq, br = np.nonzero(_pairwise_within(fps, self.index.k))
+        # pages of this batch count too (when they are stored): compare the batch with itself
+        bq, br = np.nonzero(_pairwise_within(fps, self.index.k)) if insert else (q[:0], q[:0])
         q = np.concatenate((q, bq))
         dist = np.concatenate((dist, _popcount(fps[bq] ^ fps[br])))
         row_fetched = np.concatenate((self.fetched.view()[row], fetched[br]))
@@ -266,6 +268,8 @@ class _GroupStore:
             local = -1 - r
             out.ids[p] = self.texts[2 * r] if r >= 0 else ids[local]
             out.urls[p] = self.texts[2 * r + 1] if r >= 0 else urls[local]
+        if not insert:
+            return
         # store the new pages once each (a page repeated inside the batch too)
         first_in_batch = _first_occurrence(id_hash, fps)
         new = np.flatnonzero(~dup & first_in_batch)

@@ -30,12 +30,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ROW", "PROBES", "ANSWERS", "CHANGELOG", "Batch", "encode", "decode"]
+__all__ = ["ROW", "PROBES", "ANSWERS", "CHANGELOG", "CHECKS", "Batch", "encode", "decode", "kind_of"]
 
 ROW = np.dtype([("fp", "<u8"), ("fetched", "<i8"), ("id_hash", "<u8"), ("request", "<u8"), ("group", "<u2"),
                 ("distance", "<i2"), ("partition", "<u4"), ("id_len", "<u4"), ("url_len", "<u4")])
 assert ROW.itemsize == 48
-PROBES, ANSWERS, CHANGELOG = 1, 2, 3
+PROBES, ANSWERS, CHANGELOG, CHECKS = 1, 2, 3, 4  # CHECKS: probes that only look (POST /check)
 _MAGIC = b"SDB1"
 _HEAD = struct.Struct("<4sBI")
 
@@ -147,6 +147,13 @@ def decode(values: Sequence[bytes], kind: int | None = None) -> Batch:
     if not rows:
         return Batch(np.zeros(0, dtype=ROW), b"", kind or 0)
     return Batch(np.concatenate(rows) if len(rows) > 1 else rows[0].copy(), b"".join(strings), kind or 0)
+
+
+def kind_of(value: bytes) -> int | None:
+    """The kind of an encoded batch (None if it is not one)."""
+    if len(value) < _HEAD.size or value[:4] != _MAGIC:
+        return None
+    return value[4]
 
 
 def _split(blob: bytes, lens: np.ndarray) -> list[str]:

@@ -26,12 +26,15 @@ from faust.sensors.prometheus import setup_prometheus_sensors
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from ..index import HammingIndex
-from ..intake import Intake, Record
+from ..fingerprint import Fingerprints, page_text
+from ..intake import Intake, Record, fetched_ms, id_hash, probe_batches
 from ..pending import Pending, Waiting
-from ..routing import Topics
+from ..records import BadRecord, page_from_json
+from ..routing import Topics, verdict_record
+from ..text import PageError
 from ..settings import Settings
 from ..shard import ShardPlan
-from ..wire import ANSWERS, CHANGELOG, PROBES, Batch, decode, encode
+from ..wire import ANSWERS, CHANGELOG, CHECKS, PROBES, Batch, decode, encode, kind_of
 from .metrics import FAUST_PREFIX, Metrics
 from .outbox import Outbox, latency_seconds
 from .store import SCHEME, ShardStore
@@ -80,12 +83,14 @@ class Worker:
         self._writer = struct.pack("<Q", int(time.time() * 1e6))  # changelog keys: unique per incarnation
         self._seq = 0
         self._recovery_started: float | None = None
+        self._gauged: set[int] = set()
+        self._lagged: set[tuple[str, str]] = set()
         self.app = self._build_app()
 
     # ------------------------------------------------------------------ app and agents
     def _build_app(self) -> faust.App:
         s, names = self.settings, internal_topics(self.settings)
-        ShardStore.configure(self.plan, s.data_dir / "snapshots", self._on_restored)
+        ShardStore.configure(self.plan, s.data_dir / "snapshots", self._on_restored, self._on_recovered)
         app = faust.App(
             s.app_id, broker=s.faust_broker_url(), broker_credentials=s.faust_credentials(), env={},
             autodiscover=False, datadir=str(s.data_dir / "faust"), store="memory://",
@@ -144,6 +149,19 @@ class Worker:
                     log.exception("answers stage failed on %d messages", len(events))
                 self.metrics.batch_seconds.labels("answers").observe(time.perf_counter() - t0)
 
+        worker = self
+
+        @app.page("/check")
+        class CheckView(faust.web.View):
+            """POST a page record (the pages topic's JSON): its verdict against every stored page,
+            without storing it.  400/413 for bad input, 503 while the worker holds no partition."""
+
+            async def post(self, request):
+                t0 = time.perf_counter()
+                status, payload = await worker.check(await request.read())
+                worker.metrics.check_seconds.labels(str(status)).observe(time.perf_counter() - t0)
+                return self.json(payload, status=status)
+
         @app.timer(interval=5.0, name="gauges")
         async def gauges():
             self.update_gauges()
@@ -197,16 +215,19 @@ class Worker:
 
     # ------------------------------------------------------------------ stage 2: shards
     async def on_probes(self, events: list) -> None:
-        by_partition: dict[int, list[bytes]] = defaultdict(list)
-        for e in events:
-            by_partition[e.message.partition].append(e.value)
+        by_partition: dict[tuple[int, int], list[bytes]] = defaultdict(list)
+        for e in events:  # probes and checks, by shard partition, in arrival order within each kind
+            by_partition[e.message.partition, kind_of(e.value)].append(e.value)
         replies: dict[int, list[Batch]] = defaultdict(list)
         writes = []
-        for s, values in by_partition.items():
-            probes = decode(values, PROBES)
+        for (s, kind), values in by_partition.items():
+            if kind not in (PROBES, CHECKS):
+                log.error("shard %d: skipping %d messages that are not probes", s, len(values))
+                continue
+            probes = decode(values, kind)
             shard = self.store.shard(s)
             ans = shard.probe_and_insert(probes.group, probes.fps, probes.fetched, probes.id_hash, probes.ids(),
-                                         probes.urls())
+                                         probes.urls(), store=kind == PROBES)
             if ans.stored.any():
                 stored = probes.select(ans.stored)
                 stored.rows["request"], stored.rows["partition"] = 0, 0
@@ -231,9 +252,41 @@ class Worker:
             for chunk in _chunks(Batch.concat(parts)):
                 sent.append(await self.answers_topic.send(value=encode(chunk, ANSWERS), partition=q))
         await asyncio.gather(*sent)
-        for s in by_partition:
+        for s in {s for s, _ in by_partition}:
             if self.store.snapshot_due(s, self.settings.snapshot_interval):
                 self.store.snapshot(s)
+
+    # ------------------------------------------------------------------ POST /check
+    async def check(self, body: bytes, timeout: float = 10.0) -> tuple[int, dict]:
+        """(HTTP status, JSON body) for a synchronous check of one page record."""
+        try:
+            page = page_from_json(body, self.settings.max_page_bytes)
+            fetched = fetched_ms(page.fetched_at, int(time.time() * 1000))
+            text = page_text(page)
+        except (BadRecord, PageError) as e:
+            return (413 if e.reason == "too_large" else 400), {"error": e.message, "reason": e.reason}
+        owned = sorted(tp.partition for tp in self.app.consumer.assignment()
+                       if tp.topic == self.answers_topic.get_topic_name())
+        if not owned:
+            return 503, {"error": "this worker holds no partition right now (starting or rebalancing); retry soon",
+                         "reason": "unavailable"}
+        fp = Fingerprints([text]).simhash
+        done: asyncio.Future = asyncio.get_running_loop().create_future()
+        request = self.pending.add_check(page.id, page.url, int(fp[0]),
+                                         lambda w: done.done() or done.set_result(w))
+        batches = probe_batches(self.plan, fp, [request], [fetched], [id_hash(page.id)], [owned[0]], [page.id],
+                                [page.url], kind=CHECKS)
+        for s, batch in batches.items():
+            await self.probes_topic.send(value=encode(batch, CHECKS), partition=s)
+        try:
+            w = await asyncio.wait_for(done, timeout)
+        except asyncio.TimeoutError:
+            self.pending.cancel(request)
+            return 504, {"error": f"no answer from the shards within {timeout:.0f}s", "reason": "timeout"}
+        record = verdict_record(w)
+        for key in ("partition", "offset"):
+            record.pop(key)
+        return 200, record
 
     # ------------------------------------------------------------------ metrics
     def _on_sent(self, done: list[Waiting]) -> None:
@@ -253,27 +306,44 @@ class Worker:
 
     def update_gauges(self) -> None:
         m = self.metrics
-        for p, shard in list(self.store.shards.items()):
+        shards = dict(self.store.shards)
+        for p, shard in shards.items():
             m.shard_fingerprints.labels(str(p)).set(len(shard))
             m.shard_bytes.labels(str(p)).set(shard.nbytes)
-        consumer = self.app.consumer
+        for p in self._gauged - set(shards):  # moved to another worker: stop reporting it here
+            m.shard_fingerprints.remove(str(p))
+            m.shard_bytes.remove(str(p))
+        self._gauged = set(shards)
         try:
-            assigned = consumer.assignment()
+            assigned = self.app.consumer.assignment()
         except Exception:  # not started yet
             return
+        watched = {self.settings.pages_topic, self.probes_topic.get_topic_name(), self.answers_topic.get_topic_name()}
+        lags = {}
         for tp in assigned:
-            hw = consumer.highwater(tp)
-            read = consumer._read_offset.get(tp)
-            if hw is not None:
-                m.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(0, hw - (read + 1 if read is not None else 0)))
+            if tp.topic not in watched or (hw := self.app.consumer.highwater(tp)) is None:
+                continue
+            if tp.topic == self.settings.pages_topic and tp.partition in self.outbox.committed:
+                done = self.outbox.committed[tp.partition]  # judged and committed
+            else:
+                read = self.app.consumer._read_offset.get(tp)
+                done = read + 1 if read is not None else hw
+            lags[tp.topic, str(tp.partition)] = max(0, hw - done)
+        for key in self._lagged - set(lags):
+            m.consumer_lag.remove(*key)
+        for key, lag in lags.items():
+            m.consumer_lag.labels(*key).set(lag)
+        self._lagged = set(lags)
         recovery = self.app.tables.recovery
+        remaining = 0
         if recovery.in_recovery:
-            target = sum(max(0, hw - (recovery.active_offsets.get(tp) or 0)) for tp, hw in recovery.active_highwaters.items())
-            m.recovery_target.set(target)
-        else:
-            if m.recovery_target._value.get() and self._recovery_started is not None:
-                m.recovery_seconds.set(time.monotonic() - self._recovery_started)
-            m.recovery_target.set(0)
+            remaining = sum(max(0, hw - (recovery.active_offsets.get(tp) or 0))
+                            for tp, hw in recovery.active_highwaters.items())
+        m.recovery_target.set(remaining)
+
+    def _on_recovered(self) -> None:
+        if self._recovery_started is not None:
+            self.metrics.recovery_seconds.set(time.monotonic() - self._recovery_started)
 
 
 def _chunks(batch: Batch):

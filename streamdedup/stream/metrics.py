@@ -42,6 +42,7 @@ class Metrics:
     errors: Counter
     index_memory_limit: Gauge
     info: Gauge
+    check_seconds: Histogram
 
     @classmethod
     def create(cls, registry: CollectorRegistry = REGISTRY) -> "Metrics":
@@ -65,17 +66,34 @@ class Metrics:
             recovery_restored=Gauge("streamdedup_recovery_restored_records", "Changelog records restored "
                                     "since the current recovery started.", **r),
             recovery_target=Gauge("streamdedup_recovery_target_records", "Changelog records the current "
-                                  "recovery must restore (0 when not recovering).", **r),
+                                  "recovery still has to restore (0 when not recovering).", **r),
             recovery_seconds=Gauge("streamdedup_recovery_last_duration_seconds", "How long the last "
                                    "recovery took.", **r),
-            consumer_lag=Gauge("streamdedup_consumer_lag_messages", "Records behind the end of each "
-                               "assigned partition.", ["topic", "partition"], **r),
+            consumer_lag=Gauge("streamdedup_consumer_lag_messages", "Records behind the end of each assigned "
+                               "partition: for the pages topic, not yet committed (judged); for the internal "
+                               "probes and answers topics, not yet read.", ["topic", "partition"], **r),
             rebalances=Counter("streamdedup_rebalances", "Consumer group rebalances this worker took part in.",
                                **r),
-            errors=Counter("streamdedup_errors", "Unexpected errors, by stage (the batch is retried).",
+            errors=Counter("streamdedup_errors", "Unexpected errors, by stage. pages: the batch went to the "
+                           "dead-letter topic (internal_error); shard, answers: the batch's pages wait until a "
+                           "restart replays them.",
                            ["stage"], **r),
             index_memory_limit=Gauge("streamdedup_index_memory_limit_bytes", "The configured limit on index "
                                      "memory per worker (0: none).", **r),
+            check_seconds=Histogram("streamdedup_check_seconds", "Time to answer a POST /check, by HTTP status.",
+                                    ["status"], buckets=LATENCY_BUCKETS, **r),
             info=Gauge("streamdedup_worker_info", "Constant 1, with the worker's configuration as labels.",
                        ["app_id", "algorithm", "k", "design", "partitions"], **r),
         )
+
+    def __post_init__(self) -> None:
+        # every label value exists from the start, so rates read 0 rather than nothing
+        from ..records import REASONS
+
+        for verdict in ("unique", "near_duplicate"):
+            self.verdicts.labels(verdict)
+        for reason in REASONS:
+            self.dead_letters.labels(reason)
+        for stage in ("pages", "shard", "answers"):
+            self.errors.labels(stage)
+            self.batch_seconds.labels(stage)

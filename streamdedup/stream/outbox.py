@@ -35,6 +35,7 @@ class Outbox:
         self._producers: dict[int, AIOKafkaProducer] = {}
         self._locks: dict[int, asyncio.Lock] = {}
         self._retry: dict[int, asyncio.TimerHandle] = {}
+        self.committed: dict[int, int] = {}  # partition -> next offset, as committed by this worker
 
     def _lock(self, partition: int) -> asyncio.Lock:
         return self._locks.setdefault(partition, asyncio.Lock())
@@ -68,6 +69,7 @@ class Outbox:
                     self._schedule_retry(partition)
                     break
                 self.pending.release(partition, ready)
+                self.committed[partition] = ready[-1].offset + 1
                 sent += len(ready)
                 if self.on_sent is not None:
                     self.on_sent(ready)
@@ -108,6 +110,7 @@ class Outbox:
             if handle is not None:
                 handle.cancel()
             self.pending.drop(partition)
+            self.committed.pop(partition, None)
             await self._close(partition)
 
     async def close(self) -> None:

@@ -35,7 +35,8 @@ class ShardStore(base.Store):
 
     plan: ShardPlan
     data_dir: Path | None = None
-    on_restored: Callable[[int, int], None] | None = None  # (partition, rows) for metrics
+    on_restored: Callable[[int, int], None] | None = None  # (partition, records) for metrics
+    on_recovered: Callable[[], None] | None = None
 
     def __post_init__(self) -> None:
         self.shards: dict[int, Shard] = {}
@@ -44,8 +45,9 @@ class ShardStore(base.Store):
 
     @classmethod
     def configure(cls, plan: ShardPlan, data_dir: Path | None,
-                  on_restored: Callable[[int, int], None] | None = None) -> None:
-        cls.plan, cls.data_dir, cls.on_restored = plan, data_dir, on_restored
+                  on_restored: Callable[[int, int], None] | None = None,
+                  on_recovered: Callable[[], None] | None = None) -> None:
+        cls.plan, cls.data_dir, cls.on_restored, cls.on_recovered = plan, data_dir, on_restored, on_recovered
 
     # -------------------------------------------------------------- the index
     def shard(self, partition: int) -> Shard:
@@ -134,6 +136,8 @@ class ShardStore(base.Store):
         for shard in self.shards.values():
             for group in shard._groups.values():
                 group.index.prepare()  # build lookup directories now, not on the first probe
+        if self.on_recovered is not None:
+            self.on_recovered()
 
     async def on_stop(self) -> None:
         for partition in list(self.shards):
