@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import numpy as np
 import xxhash
@@ -27,6 +27,8 @@ from .text import PageError
 from .wire import PROBES, Batch
 
 __all__ = ["Record", "Intake", "probe_batches", "fetched_ms", "id_hash"]
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 @dataclass(frozen=True)
@@ -120,7 +122,7 @@ def fetched_ms(value: str | None, fallback_ms: int | None) -> int:
         raise BadRecord("bad_field", f'"fetched_at" is not an ISO 8601 time: {value[:40]!r}') from None
     if t.tzinfo is None:
         t = t.replace(tzinfo=timezone.utc)
-    return int(t.timestamp() * 1000)
+    return (t - _EPOCH) // timedelta(milliseconds=1)  # integer arithmetic: exact to the millisecond
 
 
 def id_hash(page_id: str) -> int:

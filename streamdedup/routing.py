@@ -5,8 +5,8 @@
   ``streamdedup-fingerprint`` (16 hex digits) and, for a near-duplicate,
   ``streamdedup-match-id``, ``streamdedup-match-url`` and ``streamdedup-distance``.
 * Every page also gets one compact JSON record on the verdicts topic, keyed by page id.
-* A bad record goes to the dead-letter topic: its own key (the page id if it was readable),
-  the input bytes, and ``streamdedup-reason`` (a code) and ``streamdedup-error`` (a sentence).
+* A bad record goes to the dead-letter topic as it came (its own key, the input bytes and
+  headers), and ``streamdedup-reason`` (a code) and ``streamdedup-error`` (a sentence).
 
 >>> from streamdedup.pending import Waiting
 >>> w = Waiting(0, 7, b"k", b"{...}", page_id="a", url="http://a/", fingerprint=255)

@@ -77,7 +77,7 @@ class WorkerProcess:
     def start(self, timeout: float = 60.0) -> "WorkerProcess":
         self._log = open(self.log_path, "ab")
         start = self.log_path.stat().st_size
-        self.proc = subprocess.Popen([sys.executable, "-m", "streamdedup.cli", "worker"], env=self.env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "streamdedup", "worker"], env=self.env,
                                      stdout=self._log, stderr=subprocess.STDOUT, cwd=self.dir)
         self.wait_for_log(READY, timeout, since=start)
         return self

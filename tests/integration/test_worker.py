@@ -272,3 +272,42 @@ def test_a_clean_stop_snapshots_the_shards_and_a_restart_answers_from_them(kafka
     finally:
         worker.__exit__(None, None, None)
     assert once_each(out) and judged(out) == expected_verdicts(waves[0] + waves[1])
+
+
+def _post(port: int, body: bytes) -> tuple[int, dict]:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/check", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_post_check_answers_against_stored_pages_without_storing(kafka, tmp_path):
+    topics = StreamTopics.fresh(kafka, partitions=2)
+    (wave,) = make_waves(seed=5, bases=10, waves=1)
+    fresh = page_record("http://check.test/new", _html(_text(np.random.default_rng(9)), "new"))
+    with WorkerProcess(kafka, topics, tmp_path, env={"STREAMDEDUP_MAX_PAGE_BYTES": "8192"}) as w:
+        produce(kafka, topics.pages, wave)
+        wait_for_verdicts(kafka, topics, len(wave))
+        copy = dict(wave[3], url="http://mirror.test/copy")
+        copy.pop("fetched_at")  # a check without a time is judged as of now
+        assert _post(w.web_port, json.dumps(copy).encode()) == (200, {
+            "id": "http://mirror.test/copy", "url": "http://mirror.test/copy", "verdict": "near_duplicate",
+            "fingerprint": _post(w.web_port, json.dumps(copy).encode())[1]["fingerprint"],
+            "match_id": wave[3]["url"], "match_url": wave[3]["url"], "distance": 0})
+        status, body = _post(w.web_port, json.dumps(fresh).encode())
+        assert status == 200 and body["verdict"] == "unique" and body["match_id"] is None
+        # the check stored nothing: the same page checked again, or sent, is still unique
+        assert _post(w.web_port, json.dumps(dict(fresh, url="http://check.test/again")).encode())[1]["verdict"] == \
+            "unique"
+        produce(kafka, topics.pages, [dict(fresh, url="http://check.test/sent")])
+        out = wait_for_verdicts(kafka, topics, len(wave) + 1)
+        assert out["verdicts"]["http://check.test/sent"][0]["verdict"] == "unique"
+        # bad input: a 4xx with the reason
+        assert _post(w.web_port, b"{not json") == (400, {"error": _post(w.web_port, b"{not json")[1]["error"],
+                                                         "reason": "not_json"})
+        assert _post(w.web_port, json.dumps({"url": "http://x/"}).encode())[1]["reason"] == "missing_field"
+        status, body = _post(w.web_port, json.dumps(page_record("http://big/", "x" * 9000)).encode())
+        assert (status, body["reason"]) == (413, "too_large")

@@ -1,0 +1,5 @@
+"""``python -m streamdedup``: the command line."""
+
+from .cli import main
+
+main()

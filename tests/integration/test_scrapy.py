@@ -1,0 +1,85 @@
+"""A real Scrapy crawl (``scrapy runspider`` in a subprocess) of the test site (tests/sites.py) with
+the streamdedup pipeline enabled by settings only: every HTML page fetched arrives on the pages
+topic, keyed by URL, with its content decoded by the HTTP charset; nothing else arrives; a broker
+that cannot be reached stops the crawl with a message."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from kafka_broker import unique_name  # tests/ is on sys.path (conftest.py)
+from sites import SitePage, dedup_site, html_urls, serve_site
+from topics import read_topic
+
+pytestmark = pytest.mark.kafka
+
+SPIDER = '''
+import scrapy
+
+
+class SiteSpider(scrapy.Spider):
+    """Follows every link; the spider knows nothing of streamdedup."""
+
+    name = "site"
+    custom_settings = {"ITEM_PIPELINES": {"streamdedup.scrapy_pipeline.StreamdedupPipeline": 300}}
+
+    def __init__(self, base, paths="/", **kwargs):
+        super().__init__(**kwargs)
+        self.start_urls = [base + path for path in paths.split(",")]
+
+    def parse(self, response):
+        if isinstance(response, scrapy.http.HtmlResponse):
+            yield from response.follow_all(css="a")
+            yield {"url": response.url}
+'''
+
+
+def _crawl(tmp_path: Path, base_url: str, *settings: str, paths: str = "/") -> subprocess.CompletedProcess:
+    (tmp_path / "spider.py").write_text(SPIDER)
+    args = [sys.executable, "-m", "scrapy", "runspider", "spider.py", "-a", f"base={base_url}", "-a", f"paths={paths}",
+            "-s", "LOG_LEVEL=DEBUG", "-s", "TELNETCONSOLE_ENABLED=False", "-s", "REMOTE_CONTROL_ENABLED=False"]
+    for setting in settings:
+        args += ["-s", setting]
+    return subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("reactor", ["twisted.internet.asyncioreactor.AsyncioSelectorReactor",
+                                     "twisted.internet.epollreactor.EPollReactor"])
+def test_every_html_page_crawled_arrives(kafka, tmp_path, reactor):
+    topic = kafka.create_topic(unique_name("scrapy-pages"), partitions=2)
+    site = dedup_site()
+    with serve_site({**site, "/empty.html": SitePage(b"  ")}) as base_url:  # HTML, 200, but nothing to judge
+        crawl = _crawl(tmp_path, base_url, f"STREAMDEDUP_BROKERS={kafka.bootstrap}",
+                       f"STREAMDEDUP_PAGES_TOPIC={topic}", f"TWISTED_REACTOR={reactor}", paths="/,/empty.html")
+    assert crawl.returncode == 0, crawl.stderr[-3000:]
+    assert f"Using reactor: {reactor}" in crawl.stderr
+
+    records = read_topic(kafka, topic)
+    # The index is fetched twice (Scrapy does not filter its start URL), the PNG and the 404 never.
+    assert {r.key.decode() for r in records} == html_urls(site, base_url)
+    assert "'streamdedup/pages_sent': %d" % len(records) in crawl.stderr
+    assert "'streamdedup/bad/empty': 1" in crawl.stderr
+    for r in records:
+        page = json.loads(r.value)
+        path = page["url"].removeprefix(base_url)
+        charset = site[path].content_type.partition("charset=")[2]
+        assert page["id"] == page["url"] == r.key.decode()
+        assert page["content"] == site[path].body.decode(charset), path
+        assert page["content_type"] == "text/html"
+        assert datetime.fromisoformat(page["fetched_at"]).tzinfo is not None
+    cafe = next(json.loads(r.value) for r in records if r.key.endswith(b"/articles/cafe.html"))
+    assert "café crème déjà vu façade naïve" in cafe["content"]  # served as ISO-8859-1, decoded by its header
+
+
+def test_unreachable_broker_stops_the_crawl(tmp_path):
+    with serve_site(dedup_site()) as base_url:
+        crawl = _crawl(tmp_path, base_url, "STREAMDEDUP_BROKERS=127.0.0.1:1")
+    assert crawl.returncode == 1
+    assert "ClientError: cannot connect to Kafka at 127.0.0.1:1" in crawl.stderr
+    assert "downloader/response_count" not in crawl.stderr  # stopped before fetching anything

@@ -1,0 +1,146 @@
+"""``streamdedup verdicts`` and the consumers behind it, against the real broker: records written
+as the worker writes them (in transactions, with its headers) come out as one line or one JSON
+object per page; aborted transactions never show; --max / --timeout stop it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from click.testing import CliRunner
+
+from kafka_broker import unique_name  # tests/ is on sys.path (conftest.py)
+from streamdedup.cli import main
+from streamdedup.client import VerdictConsumer
+from streamdedup.settings import Settings
+
+pytestmark = pytest.mark.kafka
+
+FP_X, FP_Y = "0123456789abcdef", "0123456789abcdee"
+PAGE_X = json.dumps({"url": "http://a/x", "content": "<p>x</p>"}).encode()
+PAGE_Y = json.dumps({"url": "http://a/y", "content": "<p>x!</p>"}).encode()
+VERDICT_X = {"id": "http://a/x", "url": "http://a/x", "verdict": "unique", "fingerprint": FP_X, "match_id": None,
+             "match_url": None, "distance": None, "partition": 0, "offset": 0}
+VERDICT_Y = {"id": "http://a/y", "url": "http://a/y", "verdict": "near_duplicate", "fingerprint": FP_Y,
+             "match_id": "http://a/x", "match_url": "http://a/x", "distance": 1, "partition": 0, "offset": 1}
+
+
+@dataclass
+class Topics:
+    verdicts: str
+    unique: str
+    near: str
+    dead: str
+
+    def flags(self, kafka) -> list[str]:
+        return ["--brokers", kafka.bootstrap, "--verdicts-topic", self.verdicts, "--unique-topic", self.unique,
+                "--near-duplicate-topic", self.near, "--dead-letter-topic", self.dead]
+
+
+async def _transaction(kafka, messages: list[tuple[str, bytes, bytes, list]], *, abort: bool = False) -> None:
+    producer = AIOKafkaProducer(**kafka.client_kwargs(), transactional_id=unique_name("txn"))
+    await producer.start()
+    try:
+        await producer.begin_transaction()
+        for topic, key, value, headers in messages:
+            await producer.send(topic, value, key=key, headers=headers)
+        await (producer.abort_transaction() if abort else producer.commit_transaction())
+    finally:
+        await producer.stop()
+
+
+def _write(kafka, messages, *, abort: bool = False) -> None:
+    asyncio.run(_transaction(kafka, messages, abort=abort))
+
+
+@pytest.fixture(scope="module")
+def topics(kafka) -> Topics:
+    """Two pages judged as the worker would: x unique, y its near-duplicate; one dead letter;
+    and an aborted transaction that no reader may show."""
+    t = Topics(*(kafka.create_topic(unique_name(n)) for n in ("verdicts", "unique", "near", "dead")))
+    upstream = ("crawler-run", b"run-7")  # an input header, passed through by the worker
+    _write(kafka, [
+        (t.verdicts, b"http://a/x", json.dumps(VERDICT_X).encode(), []),
+        (t.unique, b"http://a/x", PAGE_X, [upstream, ("streamdedup-verdict", b"unique"),
+                                           ("streamdedup-fingerprint", FP_X.encode())]),
+        (t.verdicts, b"http://a/y", json.dumps(VERDICT_Y).encode(), []),
+        (t.near, b"http://a/y", PAGE_Y, [upstream, ("streamdedup-verdict", b"near_duplicate"),
+                                         ("streamdedup-fingerprint", FP_Y.encode()),
+                                         ("streamdedup-match-id", b"http://a/x"),
+                                         ("streamdedup-match-url", b"http://a/x"), ("streamdedup-distance", b"1")]),
+        (t.dead, b"k1", b"{oops", [("streamdedup-reason", b"not_json"),
+                                   ("streamdedup-error", b"the record is not JSON (Expecting value)")]),
+    ])
+    _write(kafka, [(t.verdicts, b"http://a/z", json.dumps({**VERDICT_X, "id": "z", "url": "http://a/z"}).encode(), [])],
+           abort=True)
+    return t
+
+
+def _verdicts(kafka, topics: Topics, *args: str):
+    result = CliRunner().invoke(main, ["verdicts", *topics.flags(kafka), "--from-beginning", *args],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    return result
+
+
+def test_human_lines_and_aborted_transactions_never_show(kafka, topics):
+    t0 = time.monotonic()
+    result = _verdicts(kafka, topics, "--timeout", "1.5")
+    assert result.stdout.splitlines() == ["unique          http://a/x",
+                                          "near_duplicate  d=1  http://a/y  ~ http://a/x"]
+    assert result.stderr == "stopped after 1.5 s without a new record (2 shown)\n"
+    assert 1.5 <= time.monotonic() - t0 < 15
+
+
+def test_json_and_max(kafka, topics):
+    result = _verdicts(kafka, topics, "--format", "json", "--max", "1")
+    assert [json.loads(line) for line in result.stdout.splitlines()] == [VERDICT_X]
+    assert result.stderr == ""  # --max reached: nothing to say
+
+
+def test_output_topics_show_the_headers(kafka, topics):
+    near = _verdicts(kafka, topics, "--topic", "near-duplicate", "--max", "1")
+    assert near.stdout == f"near_duplicate  d=1  http://a/y  ~ http://a/x  fp={FP_Y}\n"
+
+    unique = _verdicts(kafka, topics, "--topic", "unique", "--format", "json", "--max", "1")
+    [record] = [json.loads(line) for line in unique.stdout.splitlines()]
+    assert record == {"topic": topics.unique, "partition": 0, "offset": 0, "key": "http://a/x", "url": "http://a/x",
+                      "verdict": "unique", "fingerprint": FP_X, "match_id": None, "match_url": None,
+                      "distance": None, "reason": None, "error": None, "value_bytes": len(PAGE_X),
+                      "headers": {"crawler-run": "run-7", "streamdedup-verdict": "unique",
+                                  "streamdedup-fingerprint": FP_X}}
+
+    dead = _verdicts(kafka, topics, "--topic", "dead-letter", "--max", "1")
+    assert dead.stdout == "not_json        k1  the record is not JSON (Expecting value)\n"
+
+
+def test_missing_topic_is_a_one_line_error(kafka, topics):
+    result = CliRunner().invoke(main, ["verdicts", "--brokers", kafka.bootstrap, "--verdicts-topic",
+                                       unique_name("no-such-topic"), "--timeout", "1"])
+    assert result.exit_code == 1
+    [line] = result.stderr.splitlines()
+    assert line.startswith("Error: topic 'no-such-topic-") and "does not exist" in line
+
+
+def test_consumer_from_latest_and_as_a_group(kafka):
+    topic = kafka.create_topic(unique_name("verdicts"))
+    _write(kafka, [(topic, v["id"].encode(), json.dumps(v).encode(), []) for v in (VERDICT_X, VERDICT_Y)])
+    settings = Settings.from_sources({"brokers": kafka.bootstrap, "verdicts_topic": topic}, {})
+    later = {**VERDICT_X, "id": "w", "url": "http://a/w", "offset": 5}
+    group = unique_name("verdict-readers")
+
+    async def run():
+        async with VerdictConsumer(settings, group_id=group, from_beginning=True) as first:
+            old = [v.url async for v in first.read(max_records=2, idle_timeout=15)]  # commits at stop
+        async with VerdictConsumer(settings) as latest:  # new records only
+            await _transaction(kafka, [(topic, b"w", json.dumps(later).encode(), [])])
+            new = [v.url async for v in latest.read(max_records=1, idle_timeout=15)]
+        async with VerdictConsumer(settings, group_id=group, from_beginning=True) as again:  # resumes
+            resumed = [v.offset async for v in again.read(max_records=1, idle_timeout=15)]
+        return old, new, resumed
+
+    assert asyncio.run(run()) == (["http://a/x", "http://a/y"], ["http://a/w"], [5])

@@ -1,0 +1,79 @@
+"""The worker's output contract: topics, keys, unchanged values, headers, the verdict JSON."""
+
+from __future__ import annotations
+
+import json
+
+from streamdedup.pending import Waiting
+from streamdedup.routing import Topics, outputs, verdict_record
+
+VALUE = '{"url": "http://a/é", "content": "<p>hi</p>"}'.encode()
+UPSTREAM = [("trace-id", b"t-1"), ("streamdedup-verdict", b"unique"), ("source", b"crawler-7"),
+            ("streamdedup-distance", b"0")]
+
+
+def judged(best=None, headers=UPSTREAM, page_id="a/é") -> Waiting:
+    return Waiting(partition=2, offset=41, key=b"the-input-key", value=VALUE, headers=list(headers),
+                   timestamp_ms=1000, page_id=page_id, url="http://a/é", fingerprint=0xFF, best=best)
+
+
+def test_a_unique_page():
+    page, verdict = outputs(judged(), Topics())
+    ours = [("streamdedup-verdict", b"unique"), ("streamdedup-fingerprint", b"00000000000000ff")]
+    assert page.topic == "pages.unique"
+    assert page.key == "a/é".encode()  # keyed by page id, not by the input key
+    assert page.value == VALUE  # the input bytes, unchanged
+    assert page.headers == [("trace-id", b"t-1"), ("source", b"crawler-7")] + ours
+    assert (verdict.topic, verdict.key, verdict.headers) == ("pages.verdicts", "a/é".encode(), ours)
+    assert json.loads(verdict.value) == {"id": "a/é", "url": "http://a/é", "verdict": "unique",
+                                         "fingerprint": "00000000000000ff", "match_id": None, "match_url": None,
+                                         "distance": None, "partition": 2, "offset": 41}
+    assert "é".encode() in verdict.value  # compact UTF-8, not \u escapes
+    assert b" " not in verdict.value
+
+
+def test_a_near_duplicate():
+    best = (2, 500, 77, 0xFC, "orig/ü", "http://orig/ü")  # (distance, fetched, id hash, fingerprint, id, url)
+    page, verdict = outputs(judged(best), Topics())
+    ours = [("streamdedup-verdict", b"near_duplicate"), ("streamdedup-fingerprint", b"00000000000000ff"),
+            ("streamdedup-match-id", "orig/ü".encode()), ("streamdedup-match-url", "http://orig/ü".encode()),
+            ("streamdedup-distance", b"2")]
+    assert page.topic == "pages.near-duplicate" and page.value == VALUE and page.key == "a/é".encode()
+    assert page.headers == [("trace-id", b"t-1"), ("source", b"crawler-7")] + ours
+    assert verdict.headers == ours
+    assert json.loads(verdict.value) == verdict_record(judged(best)) == {
+        "id": "a/é", "url": "http://a/é", "verdict": "near_duplicate", "fingerprint": "00000000000000ff",
+        "match_id": "orig/ü", "match_url": "http://orig/ü", "distance": 2, "partition": 2, "offset": 41}
+
+
+def test_upstream_verdict_headers_never_pass_through():
+    spoofed = [("streamdedup-verdict", b"near_duplicate"), ("streamdedup-match-id", b"x")]
+    page, verdict = outputs(judged(headers=spoofed), Topics())
+    assert [k for k, _ in page.headers] == ["streamdedup-verdict", "streamdedup-fingerprint"]
+    assert dict(page.headers)["streamdedup-verdict"] == b"unique"
+
+
+def test_no_input_headers():
+    page, _ = outputs(judged(headers=()), Topics())
+    assert [k for k, _ in page.headers] == ["streamdedup-verdict", "streamdedup-fingerprint"]
+
+
+def test_a_dead_letter_keeps_its_key_value_and_headers_and_says_why():
+    w = Waiting(1, 3, b"k1", b"\xff not json", list(UPSTREAM), reason="not_utf8", error="the record is not UTF-8 ‽")
+    [out] = outputs(w, Topics())
+    assert (out.topic, out.key, out.value) == ("pages.dead-letter", b"k1", b"\xff not json")
+    assert out.headers == [("trace-id", b"t-1"), ("source", b"crawler-7"), ("streamdedup-reason", b"not_utf8"),
+                           ("streamdedup-error", "the record is not UTF-8 ‽".encode())]
+
+
+def test_a_dead_letter_without_key_or_error():
+    [out] = outputs(Waiting(0, 0, None, b"", reason="empty"), Topics())
+    assert (out.key, out.value) == (None, b"")
+    assert out.headers == [("streamdedup-reason", b"empty"), ("streamdedup-error", b"")]
+
+
+def test_topic_names_come_from_the_settings():
+    topics = Topics("u", "n", "v", "d")
+    assert [o.topic for o in outputs(judged(), topics)] == ["u", "v"]
+    assert [o.topic for o in outputs(judged((1, 0, 0, 0, "m", "mu")), topics)] == ["n", "v"]
+    assert [o.topic for o in outputs(Waiting(0, 0, None, b"", reason="empty"), topics)] == ["d"]
