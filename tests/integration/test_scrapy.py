@@ -83,3 +83,28 @@ def test_unreachable_broker_stops_the_crawl(tmp_path):
     assert crawl.returncode == 1
     assert "ClientError: cannot connect to Kafka at 127.0.0.1:1" in crawl.stderr
     assert "downloader/response_count" not in crawl.stderr  # stopped before fetching anything
+
+
+def test_a_scrapy_crawl_through_a_worker_flags_the_near_duplicates(kafka, tmp_path):
+    from sites import near_duplicate_pairs
+    from stream_harness import StreamTopics, WorkerProcess, wait_for_verdicts
+
+    topics = StreamTopics.fresh(kafka, partitions=1)  # one partition: pages are judged in crawl order
+    site = dedup_site()
+    with WorkerProcess(kafka, topics, tmp_path / "worker"), serve_site(site) as base_url:
+        crawl = _crawl(tmp_path, base_url, f"STREAMDEDUP_BROKERS={kafka.bootstrap}",
+                       f"STREAMDEDUP_PAGES_TOPIC={topics.pages}")
+        assert crawl.returncode == 0, crawl.stderr[-3000:]
+        sent = len(read_topic(kafka, topics.pages))
+        out = wait_for_verdicts(kafka, topics, sent)
+    verdicts = {k: v[-1] for k, v in out["verdicts"].items()}
+    assert set(verdicts) == html_urls(site, base_url)
+    pairs = near_duplicate_pairs(base_url)
+    assert pairs
+    for pair in pairs:  # of each pair, the page fetched second is flagged, matched with the other
+        flagged = [u for u in pair if verdicts[u]["verdict"] == "near_duplicate"]
+        assert len(flagged) == 1, (pair, [verdicts[u] for u in pair])
+        (other,) = pair - {flagged[0]}
+        assert verdicts[flagged[0]]["match_id"] == other and verdicts[flagged[0]]["distance"] <= 3
+    in_pairs = set().union(*pairs)
+    assert all(v["verdict"] == "unique" for u, v in verdicts.items() if u not in in_pairs)
