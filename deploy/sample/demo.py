@@ -1,46 +1,159 @@
-"""`make demo`: judge the sample crawl and print what a crawl operator wants to see.
+"""`make demo`: the whole thing on one machine — a local Kafka broker, a worker, and the sample
+crawl through them — then what a crawl operator wants to see.
 
-Runs ``streamdedup scan`` (the embedded mode) on deploy/sample/crawl.warc.gz, a crawl of the
-Flask documentation across versions with injected adverts, counters, timestamps, navigation
-and markup-only changes; then prints the counts by verdict and a few near-duplicates with
-the page each one duplicates.
+1. starts a private Apache Kafka broker (deploy/local/kafka.sh, KRaft, 127.0.0.1, free ports);
+2. starts ``streamdedup worker`` against it;
+3. sends deploy/sample/crawl.warc.gz (the Flask documentation across versions, with injected
+   adverts, counters, timestamps, navigation and markup-only changes) with ``streamdedup produce``;
+4. reads every verdict back, prints the counts by verdict, a few near-duplicates with the page
+   each one repeats, and one synchronous ``POST /check``;
+5. stops the worker and the broker (``--keep``: leaves them running, to look at /metrics).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
 CRAWL = HERE / "crawl.warc.gz"
-OUT = HERE.parents[1] / "demo-verdicts.jsonl"
+KAFKA_SH = ROOT / "deploy" / "local" / "kafka.sh"
+RUN = ROOT / "demo-run"
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def step(text: str) -> None:
+    print(f"\n== {text}", flush=True)
+
+
+def wait_for(cond, timeout: float, what: str, log: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.2)
+    tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:]) if log and log.exists() else ""
+    raise SystemExit(f"demo: {what} did not happen within {timeout:.0f}s\n{tail}")
 
 
 def main() -> int:
-    print(f"== streamdedup scan {CRAWL.relative_to(HERE.parents[1])}  (simhash, k = 3)")
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "streamdedup.cli", "scan", str(CRAWL), "-o", str(OUT)],
-                          capture_output=True, text=True)
-    elapsed = time.perf_counter() - t0
-    print(proc.stderr.strip())
-    if proc.returncode != 0:
-        return proc.returncode
-    verdicts = [json.loads(line) for line in OUT.read_text().splitlines()]
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--keep", action="store_true", help="leave the broker and the worker running")
+    args = p.parse_args()
+    RUN.mkdir(exist_ok=True)
+    kafka_port, controller_port, sasl_port, web_port = free_ports(4)
+    bootstrap = f"127.0.0.1:{kafka_port}"
+    kafka_env = {**os.environ, "KAFKA_NAME": "demo", "KAFKA_PORT": str(kafka_port),
+                 "KAFKA_CONTROLLER_PORT": str(controller_port), "KAFKA_SASL_PORT": str(sasl_port)}
+    sd_env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMDEDUP_")}
+    sd_env.update(STREAMDEDUP_BROKERS=bootstrap, STREAMDEDUP_PARTITIONS="4", STREAMDEDUP_WEB_PORT=str(web_port),
+                  STREAMDEDUP_DATA_DIR=str(RUN / "worker-data"))
+    streamdedup = [sys.executable, "-m", "streamdedup"]
+    worker = None
+    try:
+        step(f"starting a local Apache Kafka broker on {bootstrap} (deploy/local/kafka.sh; ~10 s)")
+        subprocess.run([str(KAFKA_SH), "stop"], env=kafka_env, capture_output=True)  # a leftover demo broker
+        subprocess.run([str(KAFKA_SH), "start"], env=kafka_env, check=True)
+
+        step("starting a worker: streamdedup worker --brokers " + bootstrap)
+        log = RUN / "worker.log"
+        worker = subprocess.Popen(streamdedup + ["worker"], env=sd_env, stdout=log.open("wb"),
+                                  stderr=subprocess.STDOUT)
+        wait_for(lambda: "[^Worker]: Ready" in log.read_text(errors="replace"), 90, "the worker start", log)
+        print(f"   ready; log: {log.relative_to(ROOT)}, metrics: http://127.0.0.1:{web_port}/metrics")
+
+        step(f"sending the sample crawl: streamdedup produce {CRAWL.relative_to(ROOT)}")
+        subprocess.run(streamdedup + ["produce", str(CRAWL)], env=sd_env, check=True)
+
+        step("reading the verdicts: streamdedup verdicts --from-beginning --format json")
+        t0 = time.monotonic()
+        verdicts = read_verdicts(streamdedup, sd_env, expected=count_pages(), log=log)
+        print(f"   {len(verdicts)} verdicts in {time.monotonic() - t0:.1f} s")
+        summarize(verdicts)
+        check(web_port, verdicts)
+        if args.keep:
+            print(f"\nStill running (--keep): worker pid {worker.pid}, metrics http://127.0.0.1:{web_port}/metrics,"
+                  f" broker {bootstrap}.\nStop them with: kill {worker.pid}; "
+                  f"KAFKA_NAME=demo {KAFKA_SH.relative_to(ROOT)} stop")
+            worker = None
+            return 0
+    finally:
+        if worker is not None:
+            worker.send_signal(signal.SIGTERM)
+            try:
+                worker.wait(30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+        if not args.keep:
+            subprocess.run([str(KAFKA_SH), "stop"], env=kafka_env, capture_output=True)
+            subprocess.run([str(KAFKA_SH), "clean"], env=kafka_env, capture_output=True)
+    print("\nTry it on your own crawl: start a worker against your cluster, then\n"
+          "  .venv/bin/streamdedup produce your-crawl.warc.gz --brokers HOST:9092\n"
+          "  .venv/bin/streamdedup verdicts --brokers HOST:9092\n"
+          "or judge a file without Kafka:  .venv/bin/streamdedup scan your-crawl.warc.gz")
+    return 0
+
+
+def count_pages() -> int:
+    from streamdedup.records import read_pages
+
+    return sum(1 for _, page in read_pages(CRAWL) if not isinstance(page, Exception))
+
+
+def read_verdicts(streamdedup: list[str], env: dict, expected: int, log: Path) -> list[dict]:
+    out = subprocess.run(streamdedup + ["verdicts", "--from-beginning", "--format", "json", "--max", str(expected),
+                                        "--timeout", "60"], env=env, capture_output=True, text=True)
+    verdicts = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+    if len(verdicts) < expected:
+        raise SystemExit(f"demo: only {len(verdicts)} of {expected} verdicts arrived:\n{out.stderr}\n"
+                         + "\n".join(log.read_text(errors="replace").splitlines()[-20:]))
+    return verdicts
+
+
+def summarize(verdicts: list[dict]) -> None:
     counts = Counter(v["verdict"] for v in verdicts)
-    print(f"\n{len(verdicts)} pages in {elapsed:.1f} s: {counts['unique']} unique, "
-          f"{counts['near_duplicate']} near-duplicates ({counts['near_duplicate'] / len(verdicts):.0%})")
+    print(f"\n{len(verdicts)} pages: {counts['unique']} unique, {counts['near_duplicate']} near-duplicates "
+          f"({counts['near_duplicate'] / len(verdicts):.0%})")
     dups = [v for v in verdicts if v["verdict"] == "near_duplicate"]
-    shown = [v for v in dups if "?variant=" in v["url"]][:4] + [v for v in dups if "?variant=" not in v["url"]][:4]
+    shown = [v for v in dups if "?variant=" in v["url"]][:4] + [v for v in dups if "?variant=" not in v["url"]][:3]
     print("\nSome near-duplicates and the earlier page each one repeats:")
     for v in shown:
         print(f"  {v['url']}\n      = {v['match_url']}  ({v['distance']} bits apart)")
-    print(f"\nAll verdicts: {OUT.name} (one JSON line per page).  Try --algorithm minhash, or your own crawl:")
-    print("  .venv/bin/streamdedup scan your-crawl.warc.gz -o verdicts.jsonl")
-    return 0
+
+
+def check(web_port: int, verdicts: list[dict]) -> None:
+    from streamdedup.records import read_pages
+    from streamdedup.text import decode_body
+
+    first = next(v for v in verdicts if v["verdict"] == "unique" and "?variant=" not in v["url"])
+    page = next(p for _, p in read_pages(CRAWL) if getattr(p, "id", None) == first["id"])
+    body = json.dumps({"url": "http://mirror.example/copy", "content_type": "text/html",
+                       "content": decode_body(page.content, page.charset, page.content_type)}).encode()
+    t0 = time.perf_counter()
+    req = urllib.request.Request(f"http://127.0.0.1:{web_port}/check", data=body, method="POST")
+    with urllib.request.urlopen(req, timeout=30) as r:
+        answer = json.loads(r.read())
+    print(f"\nPOST /check of a copy of {first['url']} (not stored), {1000 * (time.perf_counter() - t0):.0f} ms:\n"
+          f"  {json.dumps(answer)}")
 
 
 if __name__ == "__main__":
