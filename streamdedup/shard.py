@@ -234,7 +234,7 @@ class _GroupStore:
     def __init__(self, design: TableDesign) -> None:
         self.index = HammingIndex(k=design.k, design=design)
         self.fps, self.fetched, self.id_hash = GrowingArray(np.uint64), GrowingArray(np.int64), GrowingArray(np.uint64)
-        self.texts = StringHeap()  # id of row r at 2r, its url at 2r + 1
+        self.texts = StringHeap()  # id of row r at 2r ("" when it is the url), its url at 2r + 1
 
     @property
     def nbytes(self) -> int:
@@ -266,7 +266,7 @@ class _GroupStore:
             out.fetched[p], out.id_hash[p] = row_fetched[i], row_hash[i]
             r = int(ref[i])
             local = -1 - r
-            out.ids[p] = self.texts[2 * r] if r >= 0 else ids[local]
+            out.ids[p] = (self.texts[2 * r] or self.texts[2 * r + 1]) if r >= 0 else ids[local]
             out.urls[p] = self.texts[2 * r + 1] if r >= 0 else urls[local]
         if not insert:
             return
@@ -280,7 +280,8 @@ class _GroupStore:
             self.fps.extend(fps[new])
             self.fetched.extend(fetched[new])
             self.id_hash.extend(id_hash[new])
-            self.texts.extend([x for i in new.tolist() for x in (ids[i], urls[i])])
+            # an id equal to its url (the default) is stored as "" (ids are never empty)
+            self.texts.extend([x for i in new.tolist() for x in ("" if ids[i] == urls[i] else ids[i], urls[i])])
 
 
     def state(self) -> dict[str, np.ndarray]:

@@ -9,7 +9,8 @@ batch of stored pages.  All three use one layout, decoded with a single ``np.fro
     ROW: fp u64 | fetched i64 (ms) | id_hash u64 | request u64 | group u16 | distance i16
          | partition u32 | id_len u32 | url_len u32            (little-endian)
 
-and the strings are every row's id then url, UTF-8, in row order.  What the fields mean:
+and the strings are every row's id then url, UTF-8, in row order; an id equal to its url (the
+default id) is written empty, since ids are never empty.  What the fields mean:
 
 * a **probe**: a page to look up in one table group; ``request`` names the waiting page,
   ``partition`` is the input partition its answer goes back to;
@@ -77,7 +78,8 @@ class Batch:
         return out
 
     def ids(self) -> list[str]:
-        return _split(self.strings, self.lengths)[0::2]
+        both = _split(self.strings, self.lengths)
+        return [i or u for i, u in zip(both[0::2], both[1::2])]
 
     def urls(self) -> list[str]:
         return _split(self.strings, self.lengths)[1::2]
@@ -104,7 +106,7 @@ class Batch:
             rows[name] = value
         parts, id_len, url_len = [], np.empty(n, np.uint32), np.empty(n, np.uint32)
         for i, (a, b) in enumerate(zip(ids, urls)):
-            ab, ub = a.encode("utf-8", "surrogatepass"), b.encode("utf-8", "surrogatepass")
+            ab, ub = b"" if a == b else a.encode("utf-8", "surrogatepass"), b.encode("utf-8", "surrogatepass")
             parts += (ab, ub)
             id_len[i], url_len[i] = len(ab), len(ub)
         rows["id_len"], rows["url_len"] = id_len, url_len
