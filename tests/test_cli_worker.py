@@ -1,0 +1,31 @@
+"""`streamdedup worker` refuses bad settings with a message that says how to fix them (exit 2),
+and an unreachable cluster with one line (exit 1) — never a traceback."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from streamdedup.cli import main
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["--partitions", "0"], {}, "--partitions / STREAMDEDUP_PARTITIONS: 0 is out of range; use at least 1"),
+    (["--algorithm", "minhash"], {}, "'minhash' is available in `streamdedup scan` only"),
+    (["--design", "7"], {}, "'7' is not one of 20|16|10|4"),
+    ([], {"STREAMDEDUP_BROKERS": "nope"}, "'nope' is not host:port; use e.g. 127.0.0.1:9092"),
+    ([], {"STREAMDEDUP_PARTITONS": "4"}, "did you mean STREAMDEDUP_PARTITIONS?"),
+    (["--security-protocol", "SASL_SSL"], {}, "--sasl-mechanism / STREAMDEDUP_SASL_MECHANISM: is required"),
+])
+def test_bad_settings_exit_2_with_a_fix(args, env, message):
+    result = CliRunner().invoke(main, ["worker", *args], env=env)
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+
+
+def test_an_unreachable_cluster_is_one_line_and_exit_1(tmp_path):
+    result = CliRunner().invoke(main, ["worker", "--brokers", "127.0.0.1:1", "--data-dir", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "cannot reach the Kafka brokers 127.0.0.1:1" in result.output and "check --brokers" in result.output
+    assert "Traceback" not in result.output
