@@ -21,12 +21,12 @@ import xxhash
 
 from .fingerprint import Fingerprints, page_text
 from .pending import Pending
-from .records import BadRecord, page_from_json
+from .records import BadRecord, Page, page_from_json
 from .shard import ShardPlan
 from .text import PageError
 from .wire import PROBES, Batch
 
-__all__ = ["Record", "Intake", "probe_batches", "fetched_ms", "id_hash"]
+__all__ = ["Record", "Parsed", "Intake", "parse", "fingerprint_contents", "probe_batches", "fetched_ms", "id_hash"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -44,6 +44,55 @@ class Record:
 
 
 @dataclass
+class Parsed:
+    """A batch of records after the cheap checks (JSON, fields, size, time), in input order."""
+
+    records: list[Record]
+    pages: list[Page | None]
+    errors: list[BadRecord | PageError | None]
+    fetched: list[int]
+
+    def contents(self) -> list[tuple[str | bytes, str | None, str | None]]:
+        """What :func:`fingerprint_contents` needs of the good pages (small to send to a process)."""
+        return [(p.content, p.content_type, p.charset) for p, e in zip(self.pages, self.errors) if e is None]
+
+
+def parse(records: Sequence[Record], max_bytes: int) -> Parsed:
+    out = Parsed([], [], [], [])
+    for r in records:
+        page, error, fetched = None, None, 0
+        try:
+            if r.value is None:
+                raise BadRecord("empty", "the record has no value (a tombstone)")
+            page = page_from_json(r.value, max_bytes)
+            fetched = fetched_ms(page.fetched_at, r.timestamp_ms)
+        except BadRecord as e:
+            error = e
+        out.records.append(r)
+        out.pages.append(page)
+        out.errors.append(error)
+        out.fetched.append(fetched)
+    return out
+
+
+def fingerprint_contents(contents: Sequence[tuple[str | bytes, str | None, str | None]]
+                         ) -> tuple[np.ndarray, list[tuple[int, str, str]]]:
+    """The heavy part: visible text and simhash of each (content, content type, charset).
+
+    Returns the fingerprints of the pages that have text, in order, and (position, reason,
+    message) for those that do not.  A plain function of plain data, so the worker can run it
+    in another process while its event loop goes on with Kafka.
+    """
+    texts, failed = [], []
+    for i, (content, content_type, charset) in enumerate(contents):
+        try:
+            texts.append(page_text(Page("", "", content, content_type, charset)))
+        except PageError as e:
+            failed.append((i, e.reason, e.message))
+    return (Fingerprints(texts).simhash if texts else np.zeros(0, dtype=np.uint64)), failed
+
+
+@dataclass
 class Intake:
     """What a batch of records became."""
 
@@ -54,41 +103,40 @@ class Intake:
 
     @classmethod
     def read(cls, records: Sequence[Record], pending: Pending, plan: ShardPlan, max_bytes: int) -> "Intake":
+        """Parse, fingerprint and register a batch, all here."""
+        parsed = parse(records, max_bytes)
+        return cls.register(parsed, *fingerprint_contents(parsed.contents()), pending, plan)
+
+    @classmethod
+    def register(cls, parsed: Parsed, fps: np.ndarray, failed: list[tuple[int, str, str]], pending: Pending,
+                 plan: ShardPlan) -> "Intake":
+        """Register a parsed and fingerprinted batch in ``pending`` (in offset order) and make its probes."""
         out = cls()
-        judged: list[tuple[Record, object, object, int]] = []  # (record, page, error, fetched), input order
-        texts: list[str] = []
-        for r in records:
+        errors = list(parsed.errors)
+        good = [i for i, e in enumerate(errors) if e is None]
+        for j, reason, message in failed:  # positions among the good pages
+            errors[good[j]] = PageError(reason, message)
+        fp_of = {}
+        for i, fp in zip((i for i in good if errors[i] is None), fps.tolist()):
+            fp_of[i] = fp
+        rows: list[tuple[int, int, int, int, str, str]] = []  # (request, fetched, id hash, partition, id, url)
+        row_fps: list[int] = []
+        for i, (r, page, error, fetched) in enumerate(zip(parsed.records, parsed.pages, errors, parsed.fetched)):
             out.partitions.add(r.partition)
-            page = None
-            try:
-                if r.value is None:
-                    raise BadRecord("empty", "the record has no value (a tombstone)")
-                page = page_from_json(r.value, max_bytes)
-                fetched = fetched_ms(page.fetched_at, r.timestamp_ms)
-                texts.append(page_text(page))
-                judged.append((r, page, None, fetched))
-            except (BadRecord, PageError) as e:
-                judged.append((r, page, e, 0))
-                out.bad[e.reason] = out.bad.get(e.reason, 0) + 1
-        fps = Fingerprints(texts).simhash if texts else np.zeros(0, dtype=np.uint64)
-        rows: list[tuple[int, int, int, int, int, str, str]] = []  # (fingerprint index, request, fetched, ...)
-        i = 0
-        for r, page, error, fetched in judged:  # register in offset order
-            if error is not None:
+            if error is not None:  # registered in offset order, dead letters in their place
+                out.bad[error.reason] = out.bad.get(error.reason, 0) + 1
                 pending.add_bad(r.partition, r.offset, error.reason, error.message, key=r.key, value=r.value or b"",
                                 headers=r.headers, timestamp_ms=r.timestamp_ms,
                                 page_id=page.id if page is not None else None)
                 continue
-            req = pending.add_page(r.partition, r.offset, page_id=page.id, url=page.url, fingerprint=int(fps[i]),
+            out.pages += 1
+            req = pending.add_page(r.partition, r.offset, page_id=page.id, url=page.url, fingerprint=fp_of[i],
                                    key=r.key, value=r.value, headers=r.headers, timestamp_ms=r.timestamp_ms)
             if req is not None:  # None: redelivered while its first delivery still waits
-                rows.append((i, req, fetched, id_hash(page.id), r.partition, page.id, page.url))
-            i += 1
-        out.pages = len(texts)
-        if not rows:
-            return out
-        idx = np.array([x[0] for x in rows])
-        out.probes = probe_batches(plan, fps[idx], *(list(c) for c in zip(*(x[1:] for x in rows))))
+                rows.append((req, fetched, id_hash(page.id), r.partition, page.id, page.url))
+                row_fps.append(fp_of[i])
+        if rows:
+            out.probes = probe_batches(plan, np.array(row_fps, dtype=np.uint64), *(list(c) for c in zip(*rows)))
         return out
 
 

@@ -182,3 +182,13 @@ class Pending:
 
     def partitions(self) -> list[int]:
         return list(self._parts)
+
+    def describe(self) -> str:
+        """Where each partition's head is stuck, for a log line."""
+        out = []
+        for p, part in sorted(self._parts.items()):
+            if part:
+                head = next(iter(part.values()))
+                out.append(f"partition {p}: {len(part)} waiting, head offset {head.offset} "
+                           f"missing groups {bin(head.missing)}")
+        return "; ".join(out) or "nothing waiting"

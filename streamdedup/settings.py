@@ -198,6 +198,10 @@ class Settings:
                          "INT")
     batch_timeout: float = _f("--batch-timeout", 0.05, "Seconds to wait for a batch to fill.",
                               _float(0, None, "use e.g. 0.05 seconds"), "SECONDS")
+    fingerprint_processes: int = _f("--fingerprint-processes", 1, "Processes that extract the text and "
+                                    "fingerprint pages while the worker's event loop talks to Kafka (0: in the "
+                                    "event loop).", _int(0, 64, "use 1, or more on a machine with cores to spare"),
+                                    "INT")
     web_host: str = _f("--web-host", "127.0.0.1", "Bind address of the web server (/metrics).", _text, "HOST")
     web_port: int = _f("--web-port", 6066, "Port of the web server (/metrics).",
                        _int(1, 65535, "use a free TCP port such as 6066"), "PORT")

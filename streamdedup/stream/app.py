@@ -27,7 +27,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from ..index import HammingIndex
 from ..fingerprint import Fingerprints, page_text
-from ..intake import Intake, Record, fetched_ms, id_hash, probe_batches
+from ..intake import Intake, Record, fetched_ms, fingerprint_contents, id_hash, parse, probe_batches
 from ..pending import Pending, Waiting
 from ..records import BadRecord, page_from_json
 from ..routing import Topics, verdict_record
@@ -37,6 +37,7 @@ from ..shard import ShardPlan
 from ..wire import ANSWERS, CHANGELOG, CHECKS, PROBES, Batch, decode, encode, kind_of
 from .metrics import FAUST_PREFIX, Metrics
 from .outbox import Outbox, latency_seconds
+from .pool import fingerprint_pool
 from .store import SCHEME, ShardStore
 
 __all__ = ["Worker", "build"]
@@ -77,12 +78,24 @@ class Worker:
         self.metrics.index_memory_limit.set(s.index_memory_limit)
         self.metrics.info.labels(s.app_id, s.algorithm, str(s.k), s.design or "default", str(s.partitions)).set(1)
         self.topics = Topics(s.unique_topic, s.near_duplicate_topic, s.verdicts_topic, s.dead_letter_topic)
-        self.outbox = Outbox(s, self.topics, self.pending, on_sent=self._on_sent)
+        self.outbox = Outbox(s, self.topics, self.pending, on_sent=self._on_sent,
+                             on_error=lambda: self.metrics.errors.labels("answers").inc())
         self._buffer: list[Any] = []
-        self._drain_lock = asyncio.Lock()
+        self._taken: dict[int, int] = {}  # input partition -> the next offset not taken yet
+        self._seen: dict[int, int] = {}  # input partition -> the next offset not buffered yet
+        # pages read but not yet judged, at most: bounds memory and latency, and lets the shard and
+        # answers stages run instead of the pages stage reading a whole backlog first
+        self._max_waiting = 2 * s.batch_size
+        self._in_flight = 0  # batches being judged: at most 2 (one fingerprinting, one queued)
+        self._paused = False
+        self._assigned: set = set()
+        self._turn = asyncio.Condition()
+        self._tickets = self._next_ticket = 0
+        self._pool = fingerprint_pool(s.fingerprint_processes) if s.fingerprint_processes else None
         self._writer = struct.pack("<Q", int(time.time() * 1e6))  # changelog keys: unique per incarnation
         self._seq = 0
         self._recovery_started: float | None = None
+        self._last_sent = time.monotonic()
         self._gauged: set[int] = set()
         self._lagged: set[tuple[str, str]] = set()
         self.app = self._build_app()
@@ -115,15 +128,17 @@ class Worker:
         async def pages_agent(stream):
             async for event in stream.noack().events():
                 self._buffer.append(event)
+                m = event.message
+                self._seen[m.partition] = max(self._seen.get(m.partition, 0), m.offset + 1)
                 if len(self._buffer) >= s.batch_size:
-                    await self.drain()
+                    self._kick()  # never await here: faust drops events when an agent's body blocks
 
         @app.task
         async def batch_timer():  # a partial batch waits at most batch_timeout
             while not app.should_stop:
                 await asyncio.sleep(s.batch_timeout)
                 if self._buffer:
-                    await self.drain()
+                    self._kick(partial=True)
 
         @app.agent(self.probes_topic, name="shards")
         async def shard_agent(stream):
@@ -143,7 +158,7 @@ class Worker:
                 try:
                     batch = decode([e.value for e in events], ANSWERS)
                     for p in sorted(self.pending.answer(batch)):
-                        await self.outbox.flush(p)
+                        self.outbox.schedule(p)
                 except Exception:
                     self.metrics.errors.labels("answers").inc()
                     log.exception("answers stage failed on %d messages", len(events))
@@ -165,6 +180,10 @@ class Worker:
         @app.timer(interval=5.0, name="gauges")
         async def gauges():
             self.update_gauges()
+            if (len(self.pending) or self._buffer) and time.monotonic() - self._last_sent > 30:
+                log.warning("no verdict committed for %.0fs: %s; %d records buffered, %d batches in flight; "
+                            "outbox: %s", time.monotonic() - self._last_sent, self.pending.describe(),
+                            len(self._buffer), self._in_flight, self.outbox.describe())
 
         @app.on_partitions_revoked.connect
         async def on_revoked(sender, revoked, **kwargs):
@@ -172,10 +191,15 @@ class Worker:
             gone = {tp.partition for tp in revoked if tp.topic == s.pages_topic}
             self._buffer = [e for e in self._buffer if e.message.partition not in gone]
             for p in gone:
+                self._taken.pop(p, None)  # a new assignment starts again from the committed offset
+                self._seen.pop(p, None)
                 await self.outbox.revoke(p)
+            self._paused = False  # a new assignment starts unpaused
 
         @app.on_partitions_assigned.connect
         async def on_assigned(sender, assigned, **kwargs):
+            self.outbox.owned = {tp.partition for tp in assigned if tp.topic == s.pages_topic}
+            self._assigned = set(assigned)
             self._recovery_started = time.monotonic()
             self.metrics.recovery_restored.set(0)
 
@@ -186,22 +210,44 @@ class Worker:
         return self.table.data  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ stage 1: pages
-    async def drain(self) -> None:
-        async with self._drain_lock:
-            events, self._buffer = self._buffer, []
-            if not events:
-                return
-            t0 = time.perf_counter()
-            records = [Record(e.message.partition, e.message.offset, e.message.key, e.message.value,
-                              _headers(e.message.headers), int(e.message.timestamp * 1000)) for e in events]
-            self.metrics.pages.inc(len(records))
-            try:
-                intake = Intake.read(records, self.pending, self.plan, self.settings.max_page_bytes)
-            except Exception as e:  # a bug, not bad input: never lose the records
+    async def drain(self, events: list) -> None:
+        """Judge a batch of events: parse here, fingerprint in the pool (or here), then register
+        and send the probes.  Batches register in the order they were taken from the buffer."""
+        events = [e for e in events if self._take(e.message.partition, e.message.offset)]
+        if not events:
+            return
+        records = [Record(e.message.partition, e.message.offset, e.message.key, e.message.value,
+                          _headers(e.message.headers), int(e.message.timestamp * 1000)) for e in events]
+        self.metrics.pages.inc(len(records))
+        t0 = time.perf_counter()
+        ticket = self._tickets
+        self._tickets += 1
+        try:
+            parsed = parse(records, self.settings.max_page_bytes)
+            contents = parsed.contents()
+            if self._pool is not None:
+                result = asyncio.get_running_loop().run_in_executor(self._pool, fingerprint_contents, contents)
+            else:
+                result = None
+        except Exception as e:
+            parsed, result, error = None, None, e
+        else:
+            error = None
+        async with self._turn:  # wait for the batches taken before this one
+            await self._turn.wait_for(lambda: self._next_ticket == ticket)
+        try:
+            if error is None:
+                fps, failed = await result if result is not None else fingerprint_contents(contents)
+                intake = Intake.register(parsed, fps, failed, self.pending, self.plan)
+        except Exception as e:
+            error = e
+        try:
+            if error is not None:  # a bug, not bad input: never lose the records
                 self.metrics.errors.labels("pages").inc()
-                log.exception("intake failed on %d records; sending them to the dead-letter topic", len(records))
+                log.error("intake failed on %d records; sending them to the dead-letter topic", len(records),
+                          exc_info=error)
                 for r in records:
-                    self.pending.fail(r.partition, r.offset, "internal_error", f"{type(e).__name__}: {e}",
+                    self.pending.fail(r.partition, r.offset, "internal_error", f"{type(error).__name__}: {error}",
                                       key=r.key, value=r.value or b"", headers=r.headers, timestamp_ms=r.timestamp_ms)
                 partitions = {r.partition for r in records}
             else:
@@ -209,9 +255,61 @@ class Worker:
                     for chunk in _chunks(batch):
                         await self.probes_topic.send(value=encode(chunk, PROBES), partition=shard_partition)
                 partitions = intake.partitions
-            self.metrics.batch_seconds.labels("pages").observe(time.perf_counter() - t0)
-            for p in sorted(partitions):
-                await self.outbox.flush(p)  # dead letters at the head go out now
+        finally:
+            async with self._turn:
+                self._next_ticket += 1
+                self._turn.notify_all()
+        self.metrics.batch_seconds.labels("pages").observe(time.perf_counter() - t0)
+        for p in sorted(partitions):
+            self.outbox.schedule(p)  # dead letters at the head go out now
+
+    def _take(self, partition: int, offset: int) -> bool:
+        """False for a record this assignment has taken already.  faust may deliver a partition's
+        records before its recovery completes and then seek back to the committed offset it read
+        at the start: without this, records committed in between would be judged twice."""
+        if offset < self._taken.get(partition, -1):
+            return False
+        self._taken[partition] = offset + 1
+        return True
+
+    def _kick(self, partial: bool = False) -> None:
+        """Start judging buffered events: whole batches (``partial``: whatever is buffered), with
+        at most 2 batches in flight and ``2 * batch_size`` pages waiting for answers.  Beyond
+        that the pages partitions are paused until the backlog halves (bounded memory, and the
+        shard and answers stages get the event loop).  Never blocks."""
+        size = self.settings.batch_size
+        while (self._buffer and self._in_flight < 2 and len(self.pending) < self._max_waiting
+               and (partial or len(self._buffer) >= size)):
+            events, self._buffer = self._buffer[:size], self._buffer[size:]
+            self._in_flight += 1
+            task = asyncio.get_running_loop().create_task(self.drain(events))
+            task.add_done_callback(self._drained)
+        backlog = len(self.pending) + len(self._buffer)
+        tps = {tp for tp in self._assigned if tp.topic == self.settings.pages_topic}
+        if not self._paused and backlog >= 2 * self._max_waiting and tps:
+            self.app.consumer.pause_partitions(tps)
+            self._paused = True
+        elif self._paused and backlog < self._max_waiting and self.app.tables.recovery.completed.is_set():
+            self._paused = False
+            asyncio.get_running_loop().create_task(self._resume(tps))
+
+    async def _resume(self, tps: set) -> None:
+        # faust drops the records of a paused partition that were fetched already: read them
+        # again from the first one this worker has not seen (_take drops any seen twice)
+        for tp in tps:
+            if tp.partition in self._seen:
+                await self.app.consumer.seek(tp, self._seen[tp.partition])
+        self.app.consumer.resume_partitions(tps)
+
+    def _drained(self, task: asyncio.Task) -> None:
+        self._in_flight -= 1
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a pages batch failed", exc_info=task.exception())
+        self._kick()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ stage 2: shards
     async def on_probes(self, events: list) -> None:
@@ -290,6 +388,8 @@ class Worker:
 
     # ------------------------------------------------------------------ metrics
     def _on_sent(self, done: list[Waiting]) -> None:
+        self._kick()  # room for more
+        self._last_sent = time.monotonic()
         m, now = self.metrics, time.time()
         for w in done:
             if w.reason is not None:

@@ -30,12 +30,17 @@ log = logging.getLogger(__name__)
 
 class Outbox:
     def __init__(self, settings: Settings, topics: Topics, pending: Pending,
-                 on_sent: Callable[[list[Waiting]], None] | None = None) -> None:
+                 on_sent: Callable[[list[Waiting]], None] | None = None,
+                 on_error: Callable[[], None] | None = None) -> None:
         self.settings, self.topics, self.pending, self.on_sent = settings, topics, pending, on_sent
+        self.on_error = on_error
         self._producers: dict[int, AIOKafkaProducer] = {}
         self._locks: dict[int, asyncio.Lock] = {}
         self._retry: dict[int, asyncio.TimerHandle] = {}
         self.committed: dict[int, int] = {}  # partition -> next offset, as committed by this worker
+        self._dirty: set[int] = set()
+        self.owned: set[int] = set()  # input partitions assigned to this worker now
+        self._tasks: dict[int, asyncio.Task] = {}
 
     def _lock(self, partition: int) -> asyncio.Lock:
         return self._locks.setdefault(partition, asyncio.Lock())
@@ -46,15 +51,41 @@ class Outbox:
             p = AIOKafkaProducer(**self.settings.aiokafka_kwargs(),
                                  transactional_id=f"{self.settings.app_id}-out-{partition}",
                                  linger_ms=2, max_request_size=max(1_048_576, 2 * self.settings.max_page_bytes),
+                                 # Kafka >= 3.6 answers a send racing the transaction's start with a
+                                 # retriable NOT_ENOUGH_REPLICAS; aiokafka's default 100 ms back-off
+                                 # would land on the latency of every such batch
+                                 retry_backoff_ms=10,
                                  client_id=f"{self.settings.app_id}-out-{partition}")
             await p.start()  # init_transactions: fences an earlier owner of this partition
             self._producers[partition] = p
         return p
 
+    def schedule(self, partition: int) -> None:
+        """Flush ``partition`` in the background (the partitions' transactions run concurrently,
+        and the caller goes on reading while they are in flight)."""
+        self._dirty.add(partition)
+        task = self._tasks.get(partition)
+        if task is None or task.done():
+            self._tasks[partition] = asyncio.get_running_loop().create_task(self._run(partition))
+
+    async def _run(self, partition: int) -> None:
+        while partition in self._dirty:
+            self._dirty.discard(partition)
+            try:
+                await self.flush(partition)
+            except Exception:  # a bug: keep the records (they wait) and say so
+                log.exception("partition %d: flush failed", partition)
+                if self.on_error is not None:
+                    self.on_error()
+
     async def flush(self, partition: int) -> int:
         """Send and commit every done record at the head of ``partition``; returns how many."""
         sent = 0
         async with self._lock(partition):
+            if partition not in self.owned:  # revoked while its last batch was being judged
+                n = self.pending.drop(partition)
+                log.info("partition %d is not ours (any more): %d records left to its owner", partition, n)
+                return 0
             while ready := self.pending.ready(partition):
                 try:
                     await self._commit(partition, ready)
@@ -91,7 +122,7 @@ class Outbox:
 
         def fire() -> None:
             self._retry.pop(partition, None)
-            loop.create_task(self.flush(partition))
+            self.schedule(partition)
 
         self._retry[partition] = loop.call_later(1.0, fire)
 
@@ -105,6 +136,8 @@ class Outbox:
 
     async def revoke(self, partition: int) -> None:
         """The partition moved away: finish an in-flight flush, forget its records, close."""
+        self._dirty.discard(partition)
+        self.owned.discard(partition)
         async with self._lock(partition):
             handle = self._retry.pop(partition, None)
             if handle is not None:
@@ -112,6 +145,9 @@ class Outbox:
             self.pending.drop(partition)
             self.committed.pop(partition, None)
             await self._close(partition)
+
+    def describe(self) -> str:
+        return ", ".join(f"{p}: {'busy' if lock.locked() else 'idle'}" for p, lock in sorted(self._locks.items()))
 
     async def close(self) -> None:
         for partition in list(self._producers):

@@ -84,4 +84,7 @@ def run_worker(settings: Settings) -> None:
     if created:
         log.info("created topics: %s", ", ".join(created))
     worker = Worker(settings)
-    faust.Worker(worker.app, loglevel=settings.log_level, quiet=True).execute_from_commandline()
+    try:
+        faust.Worker(worker.app, loglevel=settings.log_level, quiet=True).execute_from_commandline()
+    finally:
+        worker.close()
