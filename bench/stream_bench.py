@@ -1,0 +1,375 @@
+"""The stream worker end to end on a private local broker: throughput, latency, recovery, scaling.
+
+    python bench/stream_bench.py --runs 3 [--pages 3000] [--latency-seconds 20] [--recovery-pages 500000]
+
+Each run uses fresh topics and app ids and prints one JSON line; then the medians.  See
+bench/README.md ("Stream worker") for what every figure means.
+
+1. tput_*: the first --pages corpus pages as a backlog for 1 worker, verdicts/s; the in-process
+   ``scan_pages`` rate on the same records; stream/scan (goal >= 0.75).
+2. lat_*: pages produced at half the rate of (1), verdict latency p50/p90/p99/max (goal p99 <= 0.5 s).
+3. rec_*: a synthetic shard changelog replayed by a new worker, then a restart from its snapshots
+   (goal >= 500,000 fingerprints/s).
+4. two_*: the backlog of (1) through 2 workers.  The broker and the workers share the cores.
+
+The broker (tests/kafka_broker.py) is started here and stopped at the end, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import struct
+import sys
+import tempfile
+import time
+import urllib.request
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import numpy as np
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from kafka_broker import LocalKafka  # noqa: E402
+from stream_harness import READY, StreamTopics, WorkerProcess, produce  # noqa: E402
+
+from streamdedup.dedup import Deduplicator  # noqa: E402
+from streamdedup.records import read_jsonl  # noqa: E402
+from streamdedup.scan import scan_pages  # noqa: E402
+from streamdedup.settings import Settings  # noqa: E402
+from streamdedup.shard import ShardPlan  # noqa: E402
+from streamdedup.stream.app import internal_topics, table_design  # noqa: E402
+from streamdedup.stream.run import ensure_topics  # noqa: E402
+from streamdedup.wire import CHANGELOG, Batch, encode  # noqa: E402
+
+SETTLED, ASSIGNED = "[^---Recovery]: Worker ready", "Executing _on_partitions_assigned"
+MAX_RECORD = 1_000_000  # the broker's default message.max.bytes is 1 MiB: larger pages are left out
+LOG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\]")
+PROBLEM = re.compile(r"\[(WARNING|ERROR|CRITICAL)\]|^Traceback")
+BENIGN = re.compile(r"because it is rebalancing|GroupCoordinatorNotAvailableError")  # every join; a new broker
+WORKERS: list[WorkerProcess] = []  # every worker started, killed at the end if still running
+
+
+def load_pages(path: Path, n: int) -> tuple[list[dict], int]:
+    """The first n corpus pages that fit in a Kafka record, as crawler records; and how many did not."""
+    base, out, skipped = datetime(2024, 1, 1, tzinfo=timezone.utc), [], 0
+    with path.open("rb") as f:
+        for line in f:
+            p = json.loads(line)
+            rec = {"id": p["id"], "url": p["url"], "content": p["content"], "content_type": "text/html",
+                   "fetched_at": (base + timedelta(seconds=len(out))).strftime("%Y-%m-%dT%H:%M:%SZ")}
+            if len(json.dumps(rec)) > MAX_RECORD:
+                skipped += 1
+                continue
+            out.append(rec)
+            if len(out) == n:
+                break
+    return out, skipped
+
+
+async def fresh_app(kafka, partitions: int) -> tuple[StreamTopics, Settings]:
+    """New topics and app id, every topic created before a worker starts."""
+    topics = await asyncio.to_thread(StreamTopics.fresh, kafka, partitions)
+    settings = Settings.from_sources({}, {**topics.env(), "STREAMDEDUP_BROKERS": kafka.bootstrap})
+    await ensure_topics(settings)
+    return topics, settings
+
+
+def new_worker(kafka, topics: StreamTopics, workdir: Path, name: str = "w") -> WorkerProcess:
+    WORKERS.append(WorkerProcess(kafka, topics, workdir / topics.app_id, name=name))
+    return WORKERS[-1]
+
+
+async def start_workers(kafka, topics: StreamTopics, workdir: Path, n: int) -> list[WorkerProcess]:
+    """Start n workers at once; wait until all are Ready and the group has not changed for 2 s."""
+    ws = [new_worker(kafka, topics, workdir, f"w{i}") for i in range(n)]
+    await asyncio.gather(*(asyncio.to_thread(w.start, 120) for w in ws))
+    while not all(log_times(w, SETTLED) for w in ws) or time.time() - max(
+            t for w in ws for text in (READY, SETTLED) for t in log_times(w, text)) < 2:
+        await asyncio.sleep(0.2)
+    return ws
+
+
+def log_times(w: WorkerProcess, text: str, since: int = 0) -> list[float]:
+    """Epoch times of the worker's log lines (from byte `since`) that contain text."""
+    lines = w.log_path.read_bytes()[since:].decode("utf-8", "replace").splitlines()
+    return [time.mktime(time.strptime(m[1], "%Y-%m-%d %H:%M:%S")) + int(m[2]) / 1000
+            for line in lines if text in line and (m := LOG_TIME.match(line))]
+
+
+async def stop_all(ws: list[WorkerProcess]) -> int:
+    """SIGTERM the workers; the number of warnings, errors and tracebacks in their logs (shown on stderr)."""
+    await asyncio.gather(*(asyncio.to_thread(w.__exit__, None, None, None) for w in ws))
+    bad = [f"{w.log_path}: {line}" for w in ws for line in w.log_path.read_text("utf-8", "replace").splitlines()
+           if PROBLEM.search(line) and not BENIGN.search(line)]
+    for line in bad[:20]:
+        print("#   " + line[:300], file=sys.stderr)
+    return len(bad)
+
+
+class Verdicts:
+    """A read_committed consumer of a verdicts topic: when each page's first verdict arrived, and what it was."""
+
+    def __init__(self, kafka, topic: str) -> None:
+        self.consumer = AIOKafkaConsumer(topic, bootstrap_servers=kafka.bootstrap, group_id=None,
+                                         auto_offset_reset="earliest", isolation_level="read_committed",
+                                         enable_auto_commit=False, fetch_max_wait_ms=50)
+        self.at: dict[str, float] = {}
+        self.verdict: dict[str, str] = {}
+        self.received = 0
+
+    async def __aenter__(self) -> "Verdicts":
+        await self.consumer.start()
+        self.task = asyncio.create_task(self._run())
+        return self
+
+    async def _run(self) -> None:
+        while True:
+            batches = await self.consumer.getmany(timeout_ms=20)
+            now = time.time()
+            for v in (json.loads(m.value) for msgs in batches.values() for m in msgs):
+                self.received += 1
+                self.at.setdefault(v["id"], now)
+                self.verdict.setdefault(v["id"], v["verdict"])
+
+    async def wait(self, n: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.at) < n:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {len(self.at)} of {n} verdicts within {timeout}s")
+            await asyncio.sleep(0.05)
+
+    async def __aexit__(self, *exc) -> None:
+        self.task.cancel()
+        await self.consumer.stop()
+
+
+def scan_rate(records: list[dict]) -> tuple[float, dict]:
+    """Pages/s of the embedded engine on the same records; its verdicts."""
+    data, out = "".join(json.dumps(r) + "\n" for r in records).encode(), io.StringIO()
+    t0 = time.perf_counter()
+    scan_pages(read_jsonl(io.BytesIO(data)), Deduplicator("simhash"), out, 256)
+    rate = len(records) / (time.perf_counter() - t0)
+    return rate, {v["id"]: v["verdict"] for v in map(json.loads, out.getvalue().splitlines())}
+
+
+async def backlog(kafka, args, records: list[dict], n_workers: int) -> tuple[dict, dict]:
+    """n workers on a backlog of records.  They are paused (SIGSTOP) once the group has settled, the
+    records are produced, and they are resumed: the backlog is there at once, as if produced before
+    they started, and no worker starts alone (the broker's first generation does not wait for a second
+    member, which joins ~3 s later, at the first one's next heartbeat)."""
+    topics, _ = await fresh_app(kafka, args.partitions)
+    async with Verdicts(kafka, topics.verdicts) as got:
+        ws = await start_workers(kafka, topics, args.workdir, n_workers)
+        for w in ws:
+            w.proc.send_signal(signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            await asyncio.to_thread(produce, kafka, topics.pages, records)
+            if time.monotonic() - t0 > 6:  # the group's session timeout is 10 s
+                print(f"# producing took {time.monotonic() - t0:.1f}s: a rebalance may follow", file=sys.stderr)
+        finally:
+            for w in ws:
+                w.proc.send_signal(signal.SIGCONT)
+        t0 = time.time()
+        await got.wait(len(records), args.timeout)
+    t = sorted(got.at.values())
+    lo, hi = int(0.1 * len(t)), int(0.9 * len(t)) - 1
+    steady = (hi - lo) / (t[hi] - t[lo]) if t[hi] > t[lo] else float("nan")  # nan: all in one commit
+    return {"per_s": len(t) / (t[-1] - t0), "steady_per_s": steady,
+            "first_verdict_s": t[0] - t0, "duplicates": got.received - len(t),
+            "rebalances": sum(x > t0 for w in ws for x in log_times(w, SETTLED)),
+            "log_problems": await stop_all(ws)}, got.verdict
+
+
+async def throughput(kafka, args, records: list[dict]) -> dict:
+    scan_per_s, scan = scan_rate(records)
+    r, stream = await backlog(kafka, args, records, 1)
+    return {"scan_per_s": scan_per_s, "per_s": r.pop("per_s"), "steady_per_s": r.pop("steady_per_s"),
+            "near_duplicates": sum(v == "near_duplicate" for v in stream.values()),
+            "near_duplicates_scan": sum(v == "near_duplicate" for v in scan.values()),
+            "verdicts_differ_from_scan": sum(stream.get(k) != v for k, v in scan.items()), **r}
+
+
+async def latency(kafka, args, records: list[dict], rate: float) -> dict:
+    """Pages produced at `rate` (what is due every ~15 ms) to an idle worker; verdict time - produce time."""
+    topics, _ = await fresh_app(kafka, args.partitions)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap, max_request_size=2 * MAX_RECORD)
+    sent: dict[str, float] = {}
+
+    async def send(i: int) -> asyncio.Future:
+        r = records[i % len(records)]
+        r = dict(r, id=f"lat{i}-{r['id']}", fetched_at=datetime.now(timezone.utc).isoformat())
+        sent[r["id"]] = time.time()
+        return await producer.send(topics.pages, json.dumps(r).encode(), key=r["id"].encode())
+
+    warmup = 10 * args.partitions  # not counted: the first transaction on a partition starts its producer
+    await producer.start()
+    try:
+        async with Verdicts(kafka, topics.verdicts) as got:
+            ws = await start_workers(kafka, topics, args.workdir, 1)
+            await asyncio.gather(*[await send(i) for i in range(warmup)])
+            await got.wait(warmup, args.timeout)
+            total, futures, t0 = int(rate * args.latency_seconds), [], time.monotonic()
+            for i in range(total):
+                while time.monotonic() - t0 < i / rate:
+                    await asyncio.sleep(0.015)
+                futures.append(await send(warmup + i))
+            await asyncio.gather(*futures)
+            await got.wait(warmup + total, args.timeout)
+    finally:
+        await producer.stop()
+    lat = np.array([got.at[k] - t for k, t in sent.items()])
+    p50, p90, p99 = np.percentile(lat[warmup:], [50, 90, 99])
+    return {"rate_per_s": rate, "pages": total, "p50_s": p50, "p90_s": p90, "p99_s": p99,
+            "max_s": lat[warmup:].max(), "warmup_max_s": lat[:warmup].max(), "log_problems": await stop_all(ws)}
+
+
+async def write_changelog(kafka, settings: Settings, pages: int, per_record: int) -> tuple[int, int]:
+    """The shard changelog of `pages` random pages as workers write it: each (page, group) row in the
+    partition ShardPlan.probes gives it, per_record rows to a record; returns (rows, bytes)."""
+    plan = ShardPlan(table_design(settings), settings.partitions)
+    rng = np.random.default_rng(0)
+    fps, id_hash = rng.integers(0, 2**64, size=(2, pages), dtype=np.uint64)
+    fetched = 1_700_000_000_000 + 100 * np.arange(pages, dtype=np.int64)
+    urls = [f"https://docs.example.org/section-{i % 997}/chapter-{i % 31}/page-{i:08d}.html" for i in range(pages)]
+    ids = [f"example-docs/v{i % 7}/section-{i % 997}/chapter-{i % 31}/page-{i:08d}" for i in range(pages)]
+    dest = plan.probes(fps).ravel()  # row j is (page j // n_groups, group j % n_groups)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap, linger_ms=5, max_batch_size=1 << 20)
+    futures, nbytes, writer = [], 0, struct.pack("<Q", time.time_ns())
+    await producer.start()
+    try:
+        for p in range(settings.partitions):
+            rows = np.flatnonzero(dest == p)
+            for s in range(0, len(rows), per_record):
+                page, group = np.divmod(rows[s: s + per_record], plan.n_groups)
+                value = encode(Batch.build(group=group, fps=fps[page], fetched=fetched[page], id_hash=id_hash[page],
+                                           ids=[ids[i] for i in page], urls=[urls[i] for i in page]), CHANGELOG)
+                key = struct.pack("<I", p) + writer + struct.pack("<Q", len(futures))  # unique, as the worker's
+                futures.append(await producer.send(internal_topics(settings)["changelog"], value, key=key,
+                                                   partition=p))
+                nbytes += len(value)
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+    return len(dest), nbytes
+
+
+def shard_rows(w: WorkerProcess) -> int:
+    """Fingerprints in the worker's shards, from its /metrics (a gauge updated every 5 s)."""
+    for _ in range(15):
+        text = urllib.request.urlopen(f"http://127.0.0.1:{w.web_port}/metrics", timeout=5).read().decode()
+        if total := sum(int(float(v)) for v in re.findall(r"^streamdedup_shard_fingerprints\{.*\} (\S+)$", text, re.M)):
+            return total
+        time.sleep(1)
+    return 0
+
+
+async def timed_start(w: WorkerProcess) -> tuple[float, float]:
+    """Seconds from process start to Ready, and from partitions assigned to recovery done (from its log)."""
+    since = w.log_path.stat().st_size if w.log_path.exists() else 0
+    t0 = time.time()
+    await asyncio.to_thread(w.start, 900)
+    ready, settled, assigned = (log_times(w, text, since)[0] for text in (READY, SETTLED, ASSIGNED))
+    return ready - t0, settled - assigned
+
+
+async def recovery(kafka, args) -> dict:
+    topics, _ = await fresh_app(kafka, args.partitions)
+    empty = new_worker(kafka, topics, args.workdir)
+    startup, assign = await timed_start(empty)  # the same start with an empty changelog
+    problems = await stop_all([empty])
+    topics, settings = await fresh_app(kafka, args.partitions)
+    rows, nbytes = await write_changelog(kafka, settings, args.recovery_pages, args.rows_per_record)
+    groups = rows // args.recovery_pages
+    out = {"rows": rows, "groups": groups, "changelog_mb": nbytes / 2**20, "startup_empty_s": startup}
+    w = new_worker(kafka, topics, args.workdir)
+    for kind in ("replay", "snapshot"):  # the second start loads the snapshots the first wrote on SIGTERM
+        total, span = await timed_start(w)
+        out.update({f"{kind}_s": total - startup, f"{kind}_rows_per_s": rows / (total - startup),
+                    f"{kind}_pages_per_s": rows / groups / (total - startup), f"{kind}_log_s": span - assign,
+                    f"{kind}_log_rows_per_s": rows / (span - assign),
+                    f"{kind}_restored_rows": await asyncio.to_thread(shard_rows, w)})
+        t0 = time.monotonic()
+        await asyncio.to_thread(w.stop, 300)
+        out[f"{kind}_stop_s"] = time.monotonic() - t0  # includes writing a snapshot of every shard
+    for kind in ("replay", "snapshot"):  # a 10M-page restart, linearly, plus the fixed startup
+        out[f"{kind}_10M_pages_s"] = startup + 10_000_000 * groups / out[f"{kind}_log_rows_per_s"]
+    out["log_problems"] = problems + await stop_all([w])
+    return out
+
+
+async def one_run(kafka, args, records: list[dict]) -> dict:
+    out: dict = {}
+
+    def add(prefix: str, figures: dict) -> None:
+        out.update({f"{prefix}_{k}": v for k, v in figures.items()})
+
+    if args.only & {"throughput", "scaling"} or ("latency" in args.only and not args.latency_rate):
+        add("tput", await throughput(kafka, args, records))
+        out["tput_stream_vs_scan"] = out["tput_per_s"] / out["tput_scan_per_s"]
+        out["tput_steady_vs_scan"] = out["tput_steady_per_s"] / out["tput_scan_per_s"]
+    if "latency" in args.only:
+        add("lat", await latency(kafka, args, records, args.latency_rate or out["tput_per_s"] / 2))
+    if "recovery" in args.only:
+        add("rec", await recovery(kafka, args))
+    if "scaling" in args.only:
+        add("two", (await backlog(kafka, args, records, 2))[0])
+        out["two_vs_one"] = out["two_per_s"] / out["tput_per_s"]
+        out["two_steady_vs_one"] = out["two_steady_per_s"] / out["tput_steady_per_s"]
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--corpus", type=Path, default=ROOT / "bench/data/corpus.jsonl")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--pages", type=int, default=3000, help="pages of the backlog (throughput, scaling)")
+    p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--latency-seconds", type=float, default=20.0)
+    p.add_argument("--latency-rate", type=float, help="pages/s for the latency test (default: half of tput_per_s)")
+    p.add_argument("--recovery-pages", type=int, default=500_000)
+    p.add_argument("--rows-per-record", type=int, default=250, help="changelog rows per Kafka record")
+    p.add_argument("--only", default="throughput,latency,recovery,scaling", help="comma-separated tests")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the verdicts of a test")
+    p.add_argument("--workdir", type=Path, help="worker logs and data, kept (default: a temporary dir, removed)")
+    args = p.parse_args()
+    args.only = set(args.only.split(","))
+    keep, args.workdir = args.workdir is not None, args.workdir or Path(tempfile.mkdtemp(prefix="stream-bench-"))
+    records, skipped = load_pages(args.corpus, args.pages)
+    kib = sum(len(r["content"]) for r in records) / len(records) / 1024
+    kafka = LocalKafka(name=f"bench-{os.getpid()}").start()
+    try:
+        cpus = os.cpu_count()
+        print(f"# {platform.machine()}, {cpus} cpus, Python {platform.python_version()}, Kafka {kafka.version} (the "
+              f"broker, the workers and this script share the {cpus} cpus); {len(records)} pages, {kib:.1f} KiB of "
+              f"HTML on average ({skipped} over {MAX_RECORD:,} bytes left out); {args.partitions} partitions",
+              flush=True)
+        asyncio.run(backlog(kafka, args, records[:20], 1))  # not measured: a new broker's first group and
+        runs = []                                           # first transaction create its internal topics
+        for _ in range(args.runs):
+            runs.append(asyncio.run(one_run(kafka, args, records)))
+            print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in runs[-1].items()}), flush=True)
+        for key in runs[0]:
+            print(f"median {key}: {statistics.median(r[key] for r in runs):,.3f}")
+    finally:
+        for w in WORKERS:
+            if w.proc is not None and w.proc.poll() is None:
+                w.proc.kill()  # only after an error or Ctrl-C: every test stops its workers
+        kafka.stop()
+        if not keep:
+            shutil.rmtree(args.workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
