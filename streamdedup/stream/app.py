@@ -26,21 +26,20 @@ from faust.sensors.prometheus import setup_prometheus_sensors
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from ..index import HammingIndex
-from ..fingerprint import Fingerprints, page_text
-from ..intake import Intake, Record, fetched_ms, fingerprint_contents, id_hash, parse, probe_batches
+from ..intake import Intake, Record, fingerprint_contents, parse
 from ..pending import Pending, Waiting
-from ..records import BadRecord, page_from_json
-from ..routing import Topics, verdict_record
-from ..text import PageError
+from ..routing import Topics
 from ..settings import Settings
 from ..shard import ShardPlan
 from ..wire import ANSWERS, CHANGELOG, CHECKS, PROBES, Batch, decode, encode, kind_of
+from .check import check
+from .gauges import update_gauges
 from .metrics import FAUST_PREFIX, Metrics
 from .outbox import Outbox, latency_seconds
 from .pool import fingerprint_pool
 from .store import SCHEME, ShardStore
 
-__all__ = ["Worker", "build"]
+__all__ = ["Worker", "internal_topics", "table_design"]
 
 log = logging.getLogger("streamdedup.worker")
 RAW = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
@@ -173,13 +172,13 @@ class Worker:
 
             async def post(self, request):
                 t0 = time.perf_counter()
-                status, payload = await worker.check(await request.read())
+                status, payload = await check(worker, await request.read())
                 worker.metrics.check_seconds.labels(str(status)).observe(time.perf_counter() - t0)
                 return self.json(payload, status=status)
 
         @app.timer(interval=5.0, name="gauges")
         async def gauges():
-            self.update_gauges()
+            update_gauges(self)
             if (len(self.pending) or self._buffer) and time.monotonic() - self._last_sent > 30:
                 log.warning("no verdict committed for %.0fs: %s; %d records buffered, %d batches in flight; "
                             "outbox: %s", time.monotonic() - self._last_sent, self.pending.describe(),
@@ -354,38 +353,6 @@ class Worker:
             if self.store.snapshot_due(s, self.settings.snapshot_interval):
                 self.store.snapshot(s)
 
-    # ------------------------------------------------------------------ POST /check
-    async def check(self, body: bytes, timeout: float = 10.0) -> tuple[int, dict]:
-        """(HTTP status, JSON body) for a synchronous check of one page record."""
-        try:
-            page = page_from_json(body, self.settings.max_page_bytes)
-            fetched = fetched_ms(page.fetched_at, int(time.time() * 1000))
-            text = page_text(page)
-        except (BadRecord, PageError) as e:
-            return (413 if e.reason == "too_large" else 400), {"error": e.message, "reason": e.reason}
-        owned = sorted(tp.partition for tp in self.app.consumer.assignment()
-                       if tp.topic == self.answers_topic.get_topic_name())
-        if not owned:
-            return 503, {"error": "this worker holds no partition right now (starting or rebalancing); retry soon",
-                         "reason": "unavailable"}
-        fp = Fingerprints([text]).simhash
-        done: asyncio.Future = asyncio.get_running_loop().create_future()
-        request = self.pending.add_check(page.id, page.url, int(fp[0]),
-                                         lambda w: done.done() or done.set_result(w))
-        batches = probe_batches(self.plan, fp, [request], [fetched], [id_hash(page.id)], [owned[0]], [page.id],
-                                [page.url], kind=CHECKS)
-        for s, batch in batches.items():
-            await self.probes_topic.send(value=encode(batch, CHECKS), partition=s)
-        try:
-            w = await asyncio.wait_for(done, timeout)
-        except asyncio.TimeoutError:
-            self.pending.cancel(request)
-            return 504, {"error": f"no answer from the shards within {timeout:.0f}s", "reason": "timeout"}
-        record = verdict_record(w)
-        for key in ("partition", "offset"):
-            record.pop(key)
-        return 200, record
-
     # ------------------------------------------------------------------ metrics
     def _on_sent(self, done: list[Waiting]) -> None:
         self._kick()  # room for more
@@ -404,43 +371,6 @@ class Worker:
     def _on_restored(self, partition: int, records: int) -> None:
         self.metrics.recovery_restored.inc(records)
 
-    def update_gauges(self) -> None:
-        m = self.metrics
-        shards = dict(self.store.shards)
-        for p, shard in shards.items():
-            m.shard_fingerprints.labels(str(p)).set(len(shard))
-            m.shard_bytes.labels(str(p)).set(shard.nbytes)
-        for p in self._gauged - set(shards):  # moved to another worker: stop reporting it here
-            m.shard_fingerprints.remove(str(p))
-            m.shard_bytes.remove(str(p))
-        self._gauged = set(shards)
-        try:
-            assigned = self.app.consumer.assignment()
-        except Exception:  # not started yet
-            return
-        watched = {self.settings.pages_topic, self.probes_topic.get_topic_name(), self.answers_topic.get_topic_name()}
-        lags = {}
-        for tp in assigned:
-            if tp.topic not in watched or (hw := self.app.consumer.highwater(tp)) is None:
-                continue
-            if tp.topic == self.settings.pages_topic and tp.partition in self.outbox.committed:
-                done = self.outbox.committed[tp.partition]  # judged and committed
-            else:
-                read = self.app.consumer._read_offset.get(tp)
-                done = read + 1 if read is not None else hw
-            lags[tp.topic, str(tp.partition)] = max(0, hw - done)
-        for key in self._lagged - set(lags):
-            m.consumer_lag.remove(*key)
-        for key, lag in lags.items():
-            m.consumer_lag.labels(*key).set(lag)
-        self._lagged = set(lags)
-        recovery = self.app.tables.recovery
-        remaining = 0
-        if recovery.in_recovery:
-            remaining = sum(max(0, hw - (recovery.active_offsets.get(tp) or 0))
-                            for tp, hw in recovery.active_highwaters.items())
-        m.recovery_target.set(remaining)
-
     def _on_recovered(self) -> None:
         if self._recovery_started is not None:
             self.metrics.recovery_seconds.set(time.monotonic() - self._recovery_started)
@@ -457,6 +387,3 @@ def _headers(headers: Any) -> list[tuple[str, bytes]]:
     items = headers.items() if isinstance(headers, dict) else headers
     return [(k if isinstance(k, str) else k.decode("utf-8", "replace"), v if v is not None else b"") for k, v in items]
 
-
-def build(settings: Settings, registry: CollectorRegistry = REGISTRY) -> Worker:
-    return Worker(settings, registry)

@@ -11,7 +11,6 @@ batches, when the shard and its offset agree, and when the worker stops.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import defaultdict
 from pathlib import Path
