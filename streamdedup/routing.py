@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from .dedup import Verdict
 from .pending import Waiting
 from .simhash import to_hex
 
@@ -44,11 +45,12 @@ class Output:
 
 
 def verdict_record(w: Waiting) -> dict:
-    """The compact verdict of a judged page (the verdicts topic's value)."""
+    """The compact verdict of a judged page (the verdicts topic's value): the fields ``scan``
+    writes, and where the page was read from."""
     best = w.best
-    return {"id": w.page_id, "url": w.url, "verdict": w.verdict, "fingerprint": to_hex(w.fingerprint),
-            "match_id": best[4] if best else None, "match_url": best[5] if best else None,
-            "distance": best[0] if best else None, "partition": w.partition, "offset": w.offset}
+    v = Verdict(w.page_id, w.url, w.verdict, w.fingerprint, best[4] if best else None, best[5] if best else None,
+                best[0] if best else None)
+    return {**v.to_dict(), "partition": w.partition, "offset": w.offset}
 
 
 def outputs(w: Waiting, topics: Topics) -> list[Output]:
