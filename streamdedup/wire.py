@@ -88,11 +88,15 @@ class Batch:
         """The rows picked by a boolean mask or an index array, in that order."""
         idx = np.flatnonzero(mask_or_index) if np.asarray(mask_or_index).dtype == bool else np.asarray(
             mask_or_index, dtype=np.int64)
-        lengths = self.lengths.reshape(-1, 2)
-        ends = np.cumsum(lengths.sum(axis=1))
-        starts = ends - lengths.sum(axis=1)
-        blob = memoryview(self.strings)
-        strings = b"".join(blob[s:e] for s, e in zip(starts[idx].tolist(), ends[idx].tolist()))
+        per_row = self.rows["id_len"].astype(np.int64) + self.rows["url_len"]
+        if len(idx) < 2 or (np.diff(idx) > 0).all():  # in order: one numpy mask over the bytes
+            keep = np.zeros(len(self.rows), dtype=bool)
+            keep[idx] = True
+            strings = np.frombuffer(self.strings, dtype=np.uint8)[np.repeat(keep, per_row)].tobytes()
+        else:  # reordered
+            ends = np.cumsum(per_row)
+            blob = memoryview(self.strings)
+            strings = b"".join(blob[e - n:e] for e, n in zip(ends[idx].tolist(), per_row[idx].tolist()))
         return Batch(self.rows[idx], strings, self.kind)
 
     @classmethod
