@@ -36,7 +36,7 @@ from aiokafka.errors import KafkaConnectionError, KafkaError
 from .intake import fetched_ms
 from .records import BadRecord, Page, page_from_json
 from .settings import Settings
-from .text import _HTML_TYPES, _SNIFF_TYPES, PageError, decode_body
+from .text import PageError, decode_body, text_mime
 
 __all__ = ["ClientError", "OutputConsumer", "OutputRecord", "PageProducer", "VerdictConsumer", "VerdictRecord",
            "encode_page"]
@@ -94,11 +94,11 @@ def encode_page(page: Page | Mapping[str, Any] | bytes, max_bytes: int) -> tuple
 
 
 def _mime(content_type: str | None) -> str:
-    """The MIME type, if the worker takes it (HTML, plain text, or unknown and sniffed); else not_text."""
-    mime = (content_type or "").partition(";")[0].strip().lower()
-    if mime not in _SNIFF_TYPES and mime not in _HTML_TYPES and mime != "text/plain":
-        raise BadRecord("not_text", f"content type {mime!r} is neither HTML nor plain text")
-    return mime
+    """The MIME type, if the worker takes it (HTML, plain text, or unknown: ""); else not_text."""
+    try:
+        return text_mime(content_type)
+    except PageError as e:
+        raise BadRecord(e.reason, e.message) from None
 
 
 async def _start(client: AIOKafkaProducer | AIOKafkaConsumer, brokers: Sequence[str], timeout: float) -> None:

@@ -29,7 +29,7 @@ from functools import lru_cache
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode, SelectolaxError
 
-__all__ = ["PageError", "sniff_content_type", "decode_body", "visible_text", "normalize_text"]
+__all__ = ["PageError", "text_mime", "sniff_content_type", "decode_body", "visible_text", "normalize_text"]
 
 
 class PageError(ValueError):
@@ -110,6 +110,21 @@ def _split_ct(content_type: str | None) -> tuple[str, str | None]:
     mime, _, params = (content_type if isinstance(content_type, str) else "").partition(";")
     m = _CT_CHARSET.search(params)
     return mime.strip().lower(), (m.group(1) if m else None)
+
+
+def text_mime(content_type: str | None) -> str:
+    """The MIME type of a content type the extractor takes: HTML, plain text, or unknown ("",
+    to sniff); anything else is ``PageError('not_text')``.
+
+    >>> text_mime("text/HTML; charset=utf-8"), text_mime(None)
+    ('text/html', '')
+    """
+    mime = _split_ct(content_type)[0]
+    if mime in _SNIFF_TYPES:
+        return ""
+    if mime not in _HTML_TYPES and mime != "text/plain":
+        raise PageError("not_text", f"content type {mime!r} is neither HTML nor plain text")
+    return mime
 
 
 def sniff_content_type(content: str | bytes) -> str:
@@ -409,11 +424,7 @@ def visible_text(content: str | bytes, content_type: str | None = None, charset:
     """
     if content is None:
         raise PageError("empty", _EMPTY)
-    mime = _split_ct(content_type)[0]
-    if mime in _SNIFF_TYPES:
-        mime = sniff_content_type(content)
-    elif mime not in _HTML_TYPES and mime != "text/plain":
-        raise PageError("not_text", f"content type {mime!r} is neither HTML nor plain text")
+    mime = text_mime(content_type) or sniff_content_type(content)
     if isinstance(content, str):
         text, data = _check_text(content), None
     elif isinstance(content, (bytes, bytearray, memoryview)):
