@@ -2,7 +2,9 @@
 # machine `make demo` and `make test` are all there is to type.
 #
 #   make demo    judge a sample crawl (deploy/sample/) and print a summary
-#   make test    the whole test suite (what CI runs)
+#   make test    lint, type check, then the whole test suite (what CI runs)
+#   make unit    the tests that need no broker and no Prometheus (under a minute)
+#   make lint    ruff (lint + format check) and mypy on the package
 #   make bench   the benchmarks under bench/ (by hand; slow; see bench/README.md)
 
 PYTHON ?= python3
@@ -10,7 +12,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMPS := .stamps
 
-.PHONY: test demo install bench clean
+.PHONY: test unit lint demo install bench clean
 
 install: $(STAMPS)/python $(STAMPS)/debian $(STAMPS)/kafka
 
@@ -35,7 +37,15 @@ $(STAMPS)/kafka: deploy/local/pom.xml
 	deploy/local/kafka.sh install
 	@touch $@
 
-test: install
+lint: $(STAMPS)/python
+	$(PY) -m ruff check streamdedup tests bench deploy
+	$(PY) -m ruff format --check streamdedup tests bench deploy
+	$(PY) -m mypy
+
+unit: $(STAMPS)/python
+	$(PY) -m pytest -m 'not kafka' --ignore=tests/integration
+
+test: install lint
 	$(PY) -m pytest
 
 demo: install

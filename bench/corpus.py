@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import groundtruth as gt  # noqa: E402  (the independent visible-text extractor)
+import groundtruth as gt
 
 BENCH_DIR = Path(__file__).resolve().parent
 CORPUS_VERSION = 1
@@ -77,35 +77,105 @@ class DebSource:
     dir_cap: int = 0  # max pages per directory (seeded sample), 0 = all
 
 
-_SPHINX_EXCLUDE = ("_static/*", "_sources/*", "_modules/*", "_images/*", "genindex*", "search.html",
-                   "py-modindex.html", "modindex.html", "np-modindex.html", "objects.inv")
+_SPHINX_EXCLUDE = (
+    "_static/*",
+    "_sources/*",
+    "_modules/*",
+    "_images/*",
+    "genindex*",
+    "search.html",
+    "py-modindex.html",
+    "modindex.html",
+    "np-modindex.html",
+    "objects.inv",
+)
 
 DEB_SOURCES: list[DebSource] = [
-    DebSource("py311", "python3.11-doc", "3.11.2-6+deb12u9", "usr/share/doc/python3.11/html",
-              "docs.python.org/3.11", exclude=_SPHINX_EXCLUDE + ("contents.html",)),
-    DebSource("pg15", "postgresql-doc-15", "15.20-0+deb12u1", "usr/share/doc/postgresql-doc-15/html",
-              "www.postgresql.org/docs/15", exclude=("bookindex.html",)),
+    DebSource(
+        "py311",
+        "python3.11-doc",
+        "3.11.2-6+deb12u9",
+        "usr/share/doc/python3.11/html",
+        "docs.python.org/3.11",
+        exclude=_SPHINX_EXCLUDE + ("contents.html",),
+    ),
+    DebSource(
+        "pg15",
+        "postgresql-doc-15",
+        "15.20-0+deb12u1",
+        "usr/share/doc/postgresql-doc-15/html",
+        "www.postgresql.org/docs/15",
+        exclude=("bookindex.html",),
+    ),
     DebSource("git", "git-doc", "1:2.39.5-0+deb12u3", "usr/share/doc/git-doc", "git-scm.com/docs"),
-    DebSource("djdoc32", "python-django-doc", "3:3.2.25-0+deb12u7", "usr/share/doc/python-django-doc/html",
-              "django.readthedocs.io/en/3.2.x", exclude=_SPHINX_EXCLUDE),
-    DebSource("sphinx53", "sphinx-doc", "5.3.0-4", "usr/share/doc/sphinx-doc/html",
-              "www.sphinx-doc.org/en/5.3", exclude=_SPHINX_EXCLUDE),
-    DebSource("httpd", "apache2-doc", "2.4.71-1~deb12u1", "usr/share/doc/apache2-doc/manual",
-              "httpd.apache.org/docs/2.4", include=("en/**/*.html", "fr/**/*.html", "de/**/*.html",
-                                                      "ja/**/*.html", "es/**/*.html")),
-    DebSource("sqla14", "python-sqlalchemy-doc", "1.4.46+ds1-1", "usr/share/doc/python-sqlalchemy-doc/html",
-              "docs.sqlalchemy.org/en/14", exclude=_SPHINX_EXCLUDE),
-    DebSource("debref", "debian-reference-en", "2.100", "usr/share/debian-reference",
-              "www.debian.org/doc/manuals/debian-reference"),
-    DebSource("flaskdoc", "python-flask-doc", "2.2.2-3", "usr/share/doc/python-flask-doc/html",
-              "flask.palletsprojects.com/en/2.2.x", exclude=_SPHINX_EXCLUDE),
-    DebSource("sqlite", "sqlite3-doc", "3.40.1-2+deb12u2", "usr/share/doc/sqlite3", "www.sqlite.org",
-              exclude=("syntax/*",)),
-    DebSource("cmake", "cmake-doc", "3.25.1-1", "usr/share/doc/cmake-data/html", "cmake.org/cmake/help/v3.25",
-              exclude=_SPHINX_EXCLUDE, dir_cap=120),
+    DebSource(
+        "djdoc32",
+        "python-django-doc",
+        "3:3.2.25-0+deb12u7",
+        "usr/share/doc/python-django-doc/html",
+        "django.readthedocs.io/en/3.2.x",
+        exclude=_SPHINX_EXCLUDE,
+    ),
+    DebSource(
+        "sphinx53",
+        "sphinx-doc",
+        "5.3.0-4",
+        "usr/share/doc/sphinx-doc/html",
+        "www.sphinx-doc.org/en/5.3",
+        exclude=_SPHINX_EXCLUDE,
+    ),
+    DebSource(
+        "httpd",
+        "apache2-doc",
+        "2.4.71-1~deb12u1",
+        "usr/share/doc/apache2-doc/manual",
+        "httpd.apache.org/docs/2.4",
+        include=("en/**/*.html", "fr/**/*.html", "de/**/*.html", "ja/**/*.html", "es/**/*.html"),
+    ),
+    DebSource(
+        "sqla14",
+        "python-sqlalchemy-doc",
+        "1.4.46+ds1-1",
+        "usr/share/doc/python-sqlalchemy-doc/html",
+        "docs.sqlalchemy.org/en/14",
+        exclude=_SPHINX_EXCLUDE,
+    ),
+    DebSource(
+        "debref",
+        "debian-reference-en",
+        "2.100",
+        "usr/share/debian-reference",
+        "www.debian.org/doc/manuals/debian-reference",
+    ),
+    DebSource(
+        "flaskdoc",
+        "python-flask-doc",
+        "2.2.2-3",
+        "usr/share/doc/python-flask-doc/html",
+        "flask.palletsprojects.com/en/2.2.x",
+        exclude=_SPHINX_EXCLUDE,
+    ),
+    DebSource(
+        "sqlite", "sqlite3-doc", "3.40.1-2+deb12u2", "usr/share/doc/sqlite3", "www.sqlite.org", exclude=("syntax/*",)
+    ),
+    DebSource(
+        "cmake",
+        "cmake-doc",
+        "3.25.1-1",
+        "usr/share/doc/cmake-data/html",
+        "cmake.org/cmake/help/v3.25",
+        exclude=_SPHINX_EXCLUDE,
+        dir_cap=120,
+    ),
     DebSource("vim", "vim-doc", "2:9.0.1378-2+deb12u2", "usr/share/doc/vim/html", "vimhelp.org"),
-    DebSource("node18", "nodejs-doc", "18.20.4+dfsg-1~deb12u3", "usr/share/doc/nodejs/api",
-              "nodejs.org/docs/v18.20.4/api", exclude=("all.html",)),
+    DebSource(
+        "node18",
+        "nodejs-doc",
+        "18.20.4+dfsg-1~deb12u3",
+        "usr/share/doc/nodejs/api",
+        "nodejs.org/docs/v18.20.4/api",
+        exclude=("all.html",),
+    ),
 ]
 
 
@@ -122,29 +192,76 @@ class PypiFamily:
 
 PYPI_FAMILIES: list[PypiFamily] = [
     PypiFamily(
-        "django", "Django", ("3.2", "4.0", "4.1", "4.2", "4.2.16", "5.0", "5.1"), "docs", (".txt",),
-        dict(host="docs.djangoproject.com/en/{ver}", project="Django", org="Django Software Foundation",
-             years="2005-2024", style="django",
-             nav=["Overview", "Download", "Documentation", "News", "Code", "Issues", "Community",
-                  "Foundation", "Fundraising"]),
+        "django",
+        "Django",
+        ("3.2", "4.0", "4.1", "4.2", "4.2.16", "5.0", "5.1"),
+        "docs",
+        (".txt",),
+        dict(
+            host="docs.djangoproject.com/en/{ver}",
+            project="Django",
+            org="Django Software Foundation",
+            years="2005-2024",
+            style="django",
+            nav=[
+                "Overview",
+                "Download",
+                "Documentation",
+                "News",
+                "Code",
+                "Issues",
+                "Community",
+                "Foundation",
+                "Fundraising",
+            ],
+        ),
         exclude=("_ext/*", "_theme/*", "README.rst", "spelling_wordlist", "man/*", "requirements.txt"),
     ),
     PypiFamily(
-        "flask", "Flask", ("2.0.0", "2.2.0", "3.0.0"), "docs", (".rst",),
-        dict(host="flask.palletsprojects.com/en/{ver}", project="Flask", org="Pallets", years="2010",
-             style="sphinx", nav=["Pallets", "Flask", "Werkzeug", "Jinja", "Click", "Donate"]),
+        "flask",
+        "Flask",
+        ("2.0.0", "2.2.0", "3.0.0"),
+        "docs",
+        (".rst",),
+        dict(
+            host="flask.palletsprojects.com/en/{ver}",
+            project="Flask",
+            org="Pallets",
+            years="2010",
+            style="sphinx",
+            nav=["Pallets", "Flask", "Werkzeug", "Jinja", "Click", "Donate"],
+        ),
     ),
     PypiFamily(
-        "sphinx", "Sphinx", ("5.0.0", "6.0.0", "7.0.0"), "doc", (".rst",),
-        dict(host="www.sphinx-doc.org/en/{ver}", project="Sphinx", org="the Sphinx developers",
-             years="2007-2023", style="sphinx", nav=["Home", "Get it", "Docs", "Extend", "Develop"]),
+        "sphinx",
+        "Sphinx",
+        ("5.0.0", "6.0.0", "7.0.0"),
+        "doc",
+        (".rst",),
+        dict(
+            host="www.sphinx-doc.org/en/{ver}",
+            project="Sphinx",
+            org="the Sphinx developers",
+            years="2007-2023",
+            style="sphinx",
+            nav=["Home", "Get it", "Docs", "Extend", "Develop"],
+        ),
         exclude=("_templates/*", "_themes/*", "_static/*"),
     ),
     PypiFamily(
-        "sqla", "SQLAlchemy", ("1.4.0", "2.0.0"), "doc/build", (".rst",),
-        dict(host="docs.sqlalchemy.org/en/{ver}", project="SQLAlchemy", org="the SQLAlchemy authors and contributors",
-             years="2007-2023", style="sphinx",
-             nav=["Home", "Features", "Blog", "Library", "Community", "Download"]),
+        "sqla",
+        "SQLAlchemy",
+        ("1.4.0", "2.0.0"),
+        "doc/build",
+        (".rst",),
+        dict(
+            host="docs.sqlalchemy.org/en/{ver}",
+            project="SQLAlchemy",
+            org="the SQLAlchemy authors and contributors",
+            years="2007-2023",
+            style="sphinx",
+            nav=["Home", "Features", "Blog", "Library", "Community", "Download"],
+        ),
         exclude=("changelog/unreleased_*", "*/README.txt", "README*", "core/tutorial.rst"),
     ),
 ]
@@ -188,12 +305,15 @@ def fetch_deb(src: DebSource, dl_dir: Path) -> tuple[Path, str]:
     if want.exists():
         return want, src.version
     log(f"apt-get download {src.package}={src.version}")
-    r = subprocess.run(["apt-get", "download", f"{src.package}={src.version}"], cwd=dl_dir,
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["apt-get", "download", f"{src.package}={src.version}"], cwd=dl_dir, capture_output=True, text=True
+    )
     if r.returncode == 0 and want.exists():
         return want, src.version
-    log(f"WARNING: {src.package}={src.version} not available ({r.stderr.strip()[-200:]}); "
-        f"falling back to the archive's candidate version")
+    log(
+        f"WARNING: {src.package}={src.version} not available ({r.stderr.strip()[-200:]}); "
+        f"falling back to the archive's candidate version"
+    )
     r = subprocess.run(["apt-get", "download", src.package], cwd=dl_dir, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"apt-get download {src.package} failed: {r.stderr}")
@@ -231,8 +351,22 @@ def fetch_sdist(name: str, version: str, dl_dir: Path) -> Path:
     if got:
         return got
     log(f"pip download {name}=={version} (sdist)")
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", name,
-                    f"{name}=={version}", "-d", str(dl_dir)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--no-binary",
+            name,
+            f"{name}=={version}",
+            "-d",
+            str(dl_dir),
+        ],
+        check=True,
+    )
     got = find()
     if not got:
         raise RuntimeError(f"sdist for {name}=={version} not found in {dl_dir}")
@@ -304,19 +438,82 @@ _TARGET_RE = re.compile(r"^\.\.\s+_[^:]*:.*$|^\.\.\s+\|[^|]+\|.*$|^__ .*$")
 _BULLET_RE = re.compile(r"^([-*+\u2022]|#\.|\d+[.)]|\(?[a-z]\))\s+(.*)$")
 _FIELD_RE = re.compile(r"^:[^:]+:(\s.*)?$")
 
-_CODE_DIRECTIVES = {"code-block", "code", "sourcecode", "doctest", "testcode", "testoutput", "console-block",
-                    "parsed-literal", "productionlist", "highlight-block", "prompt"}
-_ADMONITIONS = {"note", "warning", "seealso", "tip", "important", "attention", "caution", "hint", "danger",
-                "error", "admonition", "topic", "sidebar", "deprecated", "versionadded", "versionchanged",
-                "glossary", "rubric", "epigraph", "impl-detail"}
-_SILENT = {"module", "currentmodule", "highlight", "index", "include", "literalinclude", "image", "raw",
-           "toctree-hidden", "default-role", "role", "py:module", "py:currentmodule", "automodule",
-           "autoclass", "autofunction", "tabularcolumns", "meta", "contents", "only-latex", "figure",
-           "sectionauthor", "moduleauthor", "codeauthor", "testsetup", "testcleanup", "ifconfig",
-           "autosummary", "changelog_imports", "exampleinclude", "autodata", "automethod", "autoattribute",
-           "autoexception"}
-_VERSION_LABEL = {"versionadded": "New in version {}", "versionchanged": "Changed in version {}",
-                  "deprecated": "Deprecated since version {}"}
+_CODE_DIRECTIVES = {
+    "code-block",
+    "code",
+    "sourcecode",
+    "doctest",
+    "testcode",
+    "testoutput",
+    "console-block",
+    "parsed-literal",
+    "productionlist",
+    "highlight-block",
+    "prompt",
+}
+_ADMONITIONS = {
+    "note",
+    "warning",
+    "seealso",
+    "tip",
+    "important",
+    "attention",
+    "caution",
+    "hint",
+    "danger",
+    "error",
+    "admonition",
+    "topic",
+    "sidebar",
+    "deprecated",
+    "versionadded",
+    "versionchanged",
+    "glossary",
+    "rubric",
+    "epigraph",
+    "impl-detail",
+}
+_SILENT = {
+    "module",
+    "currentmodule",
+    "highlight",
+    "index",
+    "include",
+    "literalinclude",
+    "image",
+    "raw",
+    "toctree-hidden",
+    "default-role",
+    "role",
+    "py:module",
+    "py:currentmodule",
+    "automodule",
+    "autoclass",
+    "autofunction",
+    "tabularcolumns",
+    "meta",
+    "contents",
+    "only-latex",
+    "figure",
+    "sectionauthor",
+    "moduleauthor",
+    "codeauthor",
+    "testsetup",
+    "testcleanup",
+    "ifconfig",
+    "autosummary",
+    "changelog_imports",
+    "exampleinclude",
+    "autodata",
+    "automethod",
+    "autoattribute",
+    "autoexception",
+}
+_VERSION_LABEL = {
+    "versionadded": "New in version {}",
+    "versionchanged": "Changed in version {}",
+    "deprecated": "Deprecated since version {}",
+}
 
 
 def _is_adornment(line: str) -> bool:
@@ -355,7 +552,7 @@ def render_inline(text: str) -> str:
     # literals first (their content is verbatim)
     for m in _LIT_RE.finditer(text):
         out.append(_render_inline_plain(text[pos : m.start()]))
-        out.append(f"<code class=\"literal\">{htmllib.escape(m.group(1), quote=False)}</code>")
+        out.append(f'<code class="literal">{htmllib.escape(m.group(1), quote=False)}</code>')
         pos = m.end()
     out.append(_render_inline_plain(text[pos:]))
     return "".join(out)
@@ -368,10 +565,18 @@ def _render_inline_plain(text: str) -> str:
         marks.append(html_)
         return f"\x00{len(marks) - 1}\x00"
 
-    text = _ROLE_RE.sub(lambda m: stash(f"<code class=\"xref\">{htmllib.escape(_role_text(m.group(1)), quote=False)}</code>"), text)
-    text = _LINK_RE.sub(lambda m: stash(
-        f"<a class=\"reference external\" href=\"{htmllib.escape(m.group(2))}\">{htmllib.escape(m.group(1), quote=False)}</a>"), text)
-    text = _REF_RE.sub(lambda m: stash(f"<a class=\"reference internal\" href=\"#\">{htmllib.escape(m.group(1), quote=False)}</a>"), text)
+    text = _ROLE_RE.sub(
+        lambda m: stash(f'<code class="xref">{htmllib.escape(_role_text(m.group(1)), quote=False)}</code>'), text
+    )
+    text = _LINK_RE.sub(
+        lambda m: stash(
+            f'<a class="reference external" href="{htmllib.escape(m.group(2))}">{htmllib.escape(m.group(1), quote=False)}</a>'
+        ),
+        text,
+    )
+    text = _REF_RE.sub(
+        lambda m: stash(f'<a class="reference internal" href="#">{htmllib.escape(m.group(1), quote=False)}</a>'), text
+    )
     text = htmllib.escape(text, quote=False)
     text = _STRONG_RE.sub(r"<strong>\1</strong>", text)
     text = _EM_RE.sub(r"<em>\1</em>", text)
@@ -404,8 +609,10 @@ class RstRenderer:
         self.headings.append((level, plain, anchor))
         if self.title is None:
             self.title = htmllib.unescape(plain)
-        return (f"<h{level} id=\"{anchor}\">{render_inline(text)}"
-                f"<a class=\"headerlink\" href=\"#{anchor}\" title=\"Permalink to this headline\">\u00b6</a></h{level}>")
+        return (
+            f'<h{level} id="{anchor}">{render_inline(text)}'
+            f'<a class="headerlink" href="#{anchor}" title="Permalink to this headline">\u00b6</a></h{level}>'
+        )
 
     @staticmethod
     def _block(lines: list[str], i: int, base: int) -> tuple[list[str], int]:
@@ -455,14 +662,19 @@ class RstRenderer:
                 continue
             literal_next = False
             # overlined title
-            if _is_adornment(line) and i + 2 < n and lines[i + 1].strip() and _is_adornment(lines[i + 2]) \
-                    and not para:
+            if _is_adornment(line) and i + 2 < n and lines[i + 1].strip() and _is_adornment(lines[i + 2]) and not para:
                 out.append(self._heading(lines[i + 1], s[0], True))
                 i += 3
                 continue
             # underlined title
-            if not para and ind == 0 and i + 1 < n and _is_adornment(lines[i + 1]) \
-                    and len(lines[i + 1].rstrip()) >= len(s) - 1 and not _is_adornment(line):
+            if (
+                not para
+                and ind == 0
+                and i + 1 < n
+                and _is_adornment(lines[i + 1])
+                and len(lines[i + 1].rstrip()) >= len(s) - 1
+                and not _is_adornment(line)
+            ):
                 out.append(self._heading(line, lines[i + 1].strip()[0], False))
                 i += 2
                 continue
@@ -490,8 +702,11 @@ class RstRenderer:
                     if not t.startswith("+"):
                         rows.append(" ".join(c.strip() for c in t.strip("|").split("|")))
                     i += 1
-                out.append("<table class=\"docutils\"><tbody>" + "".join(
-                    f"<tr><td>{render_inline(r)}</td></tr>" for r in rows if r.strip()) + "</tbody></table>")
+                out.append(
+                    '<table class="docutils"><tbody>'
+                    + "".join(f"<tr><td>{render_inline(r)}</td></tr>" for r in rows if r.strip())
+                    + "</tbody></table>"
+                )
                 continue
             # bullet / enumerated lists
             mb = _BULLET_RE.match(s)
@@ -515,8 +730,10 @@ class RstRenderer:
             if _FIELD_RE.match(s) and not para:
                 name, _, rest = s[1:].partition(":")
                 body, i = self._block(lines, i + 1, ind)
-                out.append(f"<dl class=\"field-list\"><dt>{render_inline(name)}</dt><dd>"
-                           f"{self._sub([rest.strip()] + ([''] + body if body else []))}</dd></dl>")
+                out.append(
+                    f'<dl class="field-list"><dt>{render_inline(name)}</dt><dd>'
+                    f"{self._sub([rest.strip()] + ([''] + body if body else []))}</dd></dl>"
+                )
                 continue
             # indented block not after '::' -> definition body / block quote
             if ind > 0 and not para:
@@ -547,7 +764,7 @@ class RstRenderer:
             content = content[1:]
         short = name.split(":")[-1]
         if short in _CODE_DIRECTIVES:
-            return "<div class=\"highlight\"><pre>" + htmllib.escape("\n".join(content), quote=False) + "</pre></div>"
+            return '<div class="highlight"><pre>' + htmllib.escape("\n".join(content), quote=False) + "</pre></div>"
         if short == "toctree":
             items = [c.strip() for c in content if c.strip()]
             lis = []
@@ -555,25 +772,44 @@ class RstRenderer:
                 m = re.match(r"^(.*?)\s*<([^>]+)>$", it)
                 label = m.group(1) if m else it.rsplit("/", 1)[-1].replace("-", " ").replace("_", " ")
                 href = (m.group(2) if m else it) + "/"
-                lis.append(f"<li class=\"toctree-l1\"><a class=\"reference internal\" href=\"{htmllib.escape(href)}\">"
-                           f"{htmllib.escape(label.capitalize() if not m else label, quote=False)}</a></li>")
-            return "<div class=\"toctree-wrapper compound\"><ul>" + "".join(lis) + "</ul></div>"
+                lis.append(
+                    f'<li class="toctree-l1"><a class="reference internal" href="{htmllib.escape(href)}">'
+                    f"{htmllib.escape(label.capitalize() if not m else label, quote=False)}</a></li>"
+                )
+            return '<div class="toctree-wrapper compound"><ul>' + "".join(lis) + "</ul></div>"
         if short in _SILENT:
             return ""
         if short in _VERSION_LABEL:
             label = _VERSION_LABEL[short].format(args.strip())
             inner = self._sub(content) if content else ""
-            return f"<div class=\"{short}\"><p><span class=\"versionmodified\">{htmllib.escape(label)}:</span></p>{inner}</div>"
+            return f'<div class="{short}"><p><span class="versionmodified">{htmllib.escape(label)}:</span></p>{inner}</div>'
         if short in _ADMONITIONS:
             title = args.strip() or short.replace("seealso", "See also").capitalize()
-            return (f"<div class=\"admonition {short}\"><p class=\"admonition-title\">{render_inline(title)}</p>"
-                    f"{self._sub(content)}</div>")
-        if short in {"list-table", "table", "csv-table", "only", "container", "tab", "tabs", "code-tab",
-                     "class", "cssclass", "centered", "hlist", "compound"}:
+            return (
+                f'<div class="admonition {short}"><p class="admonition-title">{render_inline(title)}</p>'
+                f"{self._sub(content)}</div>"
+            )
+        if short in {
+            "list-table",
+            "table",
+            "csv-table",
+            "only",
+            "container",
+            "tab",
+            "tabs",
+            "code-tab",
+            "class",
+            "cssclass",
+            "centered",
+            "hlist",
+            "compound",
+        }:
             return self._sub(content) if content else ""
         if args:  # object descriptions: function, method, class, setting, django-admin, ...
-            return (f"<dl class=\"{htmllib.escape(short)}\"><dt class=\"sig\"><code class=\"descname\">"
-                    f"{htmllib.escape(args, quote=False)}</code></dt><dd>{self._sub(content)}</dd></dl>")
+            return (
+                f'<dl class="{htmllib.escape(short)}"><dt class="sig"><code class="descname">'
+                f"{htmllib.escape(args, quote=False)}</code></dt><dd>{self._sub(content)}</dd></dl>"
+            )
         return self._sub(content) if content else ""
 
 
@@ -600,89 +836,107 @@ def _slug_url(rel: str) -> str:
     return stem + "/"
 
 
-def page_template(site: dict, version: str, rel: str, title: str, body: str,
-                  headings: list[tuple[int, str, str]], prev: tuple[str, str] | None,
-                  nxt: tuple[str, str] | None) -> str:
+def page_template(
+    site: dict,
+    version: str,
+    rel: str,
+    title: str,
+    body: str,
+    headings: list[tuple[int, str, str]],
+    prev: tuple[str, str] | None,
+    nxt: tuple[str, str] | None,
+) -> str:
     proj = site["project"]
     root = "/en/" + version + "/"
-    toc = "".join(f"<li class=\"toc-l{lv}\"><a href=\"#{a}\">{htmllib.escape(t, quote=False)}</a></li>"
-                  for lv, t, a in headings[1:40] if lv <= 3)
+    toc = "".join(
+        f'<li class="toc-l{lv}"><a href="#{a}">{htmllib.escape(t, quote=False)}</a></li>'
+        for lv, t, a in headings[1:40]
+        if lv <= 3
+    )
     crumbs = [p for p in rel.rsplit(".", 1)[0].split("/")[:-1] if p]
-    prev_html = (f"<a rel=\"prev\" href=\"{root}{_slug_url(prev[0])}\">{htmllib.escape(prev[1], quote=False)}</a>"
-                 if prev else "")
-    next_html = (f"<a rel=\"next\" href=\"{root}{_slug_url(nxt[0])}\">{htmllib.escape(nxt[1], quote=False)}</a>"
-                 if nxt else "")
-    head = (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
-            f"<title>{_e(title)} | {_e(proj)} {version} documentation</title>\n"
-            f"<link rel=\"stylesheet\" href=\"/static/css/output.css\">\n"
-            f"<link rel=\"canonical\" href=\"https://{site['host'].format(ver=version)}/{_slug_url(rel)}\">\n"
-            f"<script>window.DOCUMENTATION_OPTIONS = {{VERSION: '{version}', LANGUAGE: 'en'}};</script>\n"
-            f"<script src=\"/static/js/main.js\" defer></script>\n</head>\n")
-    nav = "".join(f"<li><a href=\"/{n.lower().replace(' ', '-')}/\">{n}</a></li>" for n in site["nav"])
+    prev_html = (
+        f'<a rel="prev" href="{root}{_slug_url(prev[0])}">{htmllib.escape(prev[1], quote=False)}</a>' if prev else ""
+    )
+    next_html = (
+        f'<a rel="next" href="{root}{_slug_url(nxt[0])}">{htmllib.escape(nxt[1], quote=False)}</a>' if nxt else ""
+    )
+    head = (
+        f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<title>{_e(title)} | {_e(proj)} {version} documentation</title>\n"
+        f'<link rel="stylesheet" href="/static/css/output.css">\n'
+        f'<link rel="canonical" href="https://{site["host"].format(ver=version)}/{_slug_url(rel)}">\n'
+        f"<script>window.DOCUMENTATION_OPTIONS = {{VERSION: '{version}', LANGUAGE: 'en'}};</script>\n"
+        f'<script src="/static/js/main.js" defer></script>\n</head>\n'
+    )
+    nav = "".join(f'<li><a href="/{n.lower().replace(" ", "-")}/">{n}</a></li>' for n in site["nav"])
     if site["style"] == "django":
         return head + (
-            f"<body id=\"generic\" class=\"\">\n"
-            f"<a class=\"skip-link\" href=\"#main-content\">Skip to main content</a>\n"
-            f"<div role=\"banner\" id=\"top\"><div class=\"container\">\n"
-            f"<a class=\"logo\" href=\"/\">Django</a>\n<p class=\"meta\">The web framework for perfectionists with deadlines.</p>\n"
-            f"<nav id=\"global-nav\" class=\"global-nav\" aria-label=\"Main\"><ul>{nav}</ul></nav>\n</div></div>\n"
-            f"<div class=\"copy-banner\"><div class=\"container\"><h1><a href=\"{root}\">Documentation</a></h1></div></div>\n"
-            f"<div id=\"billboard\"></div>\n"
-            f"<div class=\"container sidebar-right\"><main id=\"main-content\">\n"
-            f"<div id=\"version-switcher\"><ul id=\"doc-versions\" class=\"version-switcher\">"
-            f"<li class=\"current\"><span>Documentation version: <strong>{version}</strong></span></li></ul></div>\n"
-            f"<article id=\"docs-content\">\n<div class=\"section\">\n{body}\n</div>\n</article>\n"
-            f"<nav class=\"browse-horizontal\" aria-labelledby=\"browse-horizontal-header\">"
-            f"<div class=\"left\">{prev_html}</div><div class=\"right\">{next_html}</div></nav>\n</main>\n"
-            f"<div role=\"complementary\"><h2 class=\"visuallyhidden\">Additional Information</h2>\n"
-            f"<div class=\"fundraising-sidebar\"><h3>Support Django!</h3>"
+            f'<body id="generic" class="">\n'
+            f'<a class="skip-link" href="#main-content">Skip to main content</a>\n'
+            f'<div role="banner" id="top"><div class="container">\n'
+            f'<a class="logo" href="/">Django</a>\n<p class="meta">The web framework for perfectionists with deadlines.</p>\n'
+            f'<nav id="global-nav" class="global-nav" aria-label="Main"><ul>{nav}</ul></nav>\n</div></div>\n'
+            f'<div class="copy-banner"><div class="container"><h1><a href="{root}">Documentation</a></h1></div></div>\n'
+            f'<div id="billboard"></div>\n'
+            f'<div class="container sidebar-right"><main id="main-content">\n'
+            f'<div id="version-switcher"><ul id="doc-versions" class="version-switcher">'
+            f'<li class="current"><span>Documentation version: <strong>{version}</strong></span></li></ul></div>\n'
+            f'<article id="docs-content">\n<div class="section">\n{body}\n</div>\n</article>\n'
+            f'<nav class="browse-horizontal" aria-labelledby="browse-horizontal-header">'
+            f'<div class="left">{prev_html}</div><div class="right">{next_html}</div></nav>\n</main>\n'
+            f'<div role="complementary"><h2 class="visuallyhidden">Additional Information</h2>\n'
+            f'<div class="fundraising-sidebar"><h3>Support Django!</h3>'
             f"<p>Support the Django Software Foundation and help keep the web framework going.</p></div>\n"
-            f"<h3>Contents</h3><ul class=\"toc\">{toc}</ul>\n"
+            f'<h3>Contents</h3><ul class="toc">{toc}</ul>\n'
             f"<h3>Browse</h3><ul><li>Prev: {prev_html}</li><li>Next: {next_html}</li>"
-            f"<li><a href=\"{root}contents/\">Table of contents</a></li><li><a href=\"{root}genindex/\">General Index</a></li>"
-            f"<li><a href=\"{root}py-modindex/\">Python Module Index</a></li></ul>\n"
-            f"<h3>You are here:</h3><ul><li><a href=\"{root}\">Django {version} documentation</a><ul>"
-            + "".join(f"<li><a href=\"{root}{c}/\">{c.replace('_', ' ').capitalize()}</a></li>" for c in crumbs)
+            f'<li><a href="{root}contents/">Table of contents</a></li><li><a href="{root}genindex/">General Index</a></li>'
+            f'<li><a href="{root}py-modindex/">Python Module Index</a></li></ul>\n'
+            f'<h3>You are here:</h3><ul><li><a href="{root}">Django {version} documentation</a><ul>'
+            + "".join(f'<li><a href="{root}{c}/">{c.replace("_", " ").capitalize()}</a></li>' for c in crumbs)
             + f"<li>{htmllib.escape(title, quote=False)}</li></ul></li></ul>\n"
-            f"<h3>Getting help</h3><dl><dt><a href=\"https://docs.djangoproject.com/en/{version}/faq/\">FAQ</a></dt>"
+            f'<h3>Getting help</h3><dl><dt><a href="https://docs.djangoproject.com/en/{version}/faq/">FAQ</a></dt>'
             f"<dd>Try the FAQ — it's got answers to many common questions.</dd>"
-            f"<dt><a href=\"/en/stable/genindex/\">Index</a>, <a href=\"/en/stable/py-modindex/\">Module Index</a></dt>"
+            f'<dt><a href="/en/stable/genindex/">Index</a>, <a href="/en/stable/py-modindex/">Module Index</a></dt>'
             f"<dd>Handy when looking for specific information.</dd>"
-            f"<dt><a href=\"https://forum.djangoproject.com/\">Django Discord Server</a></dt>"
+            f'<dt><a href="https://forum.djangoproject.com/">Django Discord Server</a></dt>'
             f"<dd>Join the Django Discord Community.</dd></dl>\n"
-            f"<h3>Download:</h3><p>Offline (Django {version}): <a href=\"#\">HTML</a> | <a href=\"#\">PDF</a> | "
-            f"<a href=\"#\">ePub</a><br>Provided by <a href=\"https://readthedocs.org/\">Read the Docs</a>.</p>\n"
+            f'<h3>Download:</h3><p>Offline (Django {version}): <a href="#">HTML</a> | <a href="#">PDF</a> | '
+            f'<a href="#">ePub</a><br>Provided by <a href="https://readthedocs.org/">Read the Docs</a>.</p>\n'
             f"</div></div>\n"
-            f"<footer><div class=\"subfooter\"><div class=\"container\"><p class=\"footer\">"
-            f"\u00a9 {site['years']} <a href=\"https://djangoproject.com/foundation/\">{site['org']}</a> and individual "
-            f"contributors. Django is a <a href=\"https://djangoproject.com/trademarks/\">registered trademark</a> of the "
+            f'<footer><div class="subfooter"><div class="container"><p class="footer">'
+            f'\u00a9 {site["years"]} <a href="https://djangoproject.com/foundation/">{site["org"]}</a> and individual '
+            f'contributors. Django is a <a href="https://djangoproject.com/trademarks/">registered trademark</a> of the '
             f"Django Software Foundation.</p></div></div></footer>\n</body>\n</html>\n"
         )
     # generic Sphinx-like layout
     return head + (
-        f"<body>\n<div class=\"related\" role=\"navigation\" aria-label=\"related navigation\">\n<h3>Navigation</h3>\n<ul>\n"
-        f"<li class=\"right\"><a href=\"{root}genindex/\" title=\"General Index\" accesskey=\"I\">index</a></li>\n"
-        + (f"<li class=\"right\"><a href=\"{root}{_slug_url(nxt[0])}\" accesskey=\"N\">next</a> |</li>\n" if nxt else "")
-        + (f"<li class=\"right\"><a href=\"{root}{_slug_url(prev[0])}\" accesskey=\"P\">previous</a> |</li>\n" if prev else "")
-        + f"<li class=\"nav-item nav-item-0\"><a href=\"{root}\">{proj} Documentation ({version})</a> \u00bb</li>\n"
-        f"<li class=\"nav-item nav-item-this\"><a href=\"\">{htmllib.escape(title, quote=False)}</a></li>\n</ul>\n</div>\n"
-        f"<div class=\"document\"><div class=\"documentwrapper\"><div class=\"bodywrapper\">"
-        f"<div class=\"body\" role=\"main\">\n<section id=\"content\">\n{body}\n</section>\n</div></div></div>\n"
-        f"<div class=\"sphinxsidebar\" role=\"navigation\" aria-label=\"main navigation\"><div class=\"sphinxsidebarwrapper\">\n"
-        f"<p class=\"logo\"><a href=\"{root}\"><img class=\"logo\" src=\"/_static/logo.png\" alt=\"Logo\"></a></p>\n"
-        f"<nav class=\"project-links\"><ul>{nav}</ul></nav>\n"
-        f"<h3><a href=\"{root}\">Table of Contents</a></h3><ul>{toc}</ul>\n"
-        + (f"<h4>Previous topic</h4><p class=\"topless\">{prev_html}</p>\n" if prev else "")
-        + (f"<h4>Next topic</h4><p class=\"topless\">{next_html}</p>\n" if nxt else "")
-        + f"<div role=\"note\" aria-label=\"source link\"><h3>This Page</h3><ul class=\"this-page-menu\">"
-        f"<li><a href=\"/_sources/{rel}.txt\" rel=\"nofollow\">Show Source</a></li></ul></div>\n"
-        f"<div id=\"searchbox\" role=\"search\"><h3 id=\"searchlabel\">Quick search</h3>"
-        f"<form class=\"search\" action=\"{root}search/\" method=\"get\"><input type=\"text\" name=\"q\" "
-        f"aria-labelledby=\"searchlabel\"><input type=\"submit\" value=\"Go\"></form></div>\n"
-        f"</div></div>\n<div class=\"clearer\"></div></div>\n"
-        f"<div class=\"footer\" role=\"contentinfo\">\u00a9 Copyright {site['years']}, {site['org']}. "
-        f"Created using <a href=\"https://www.sphinx-doc.org/\">Sphinx</a>. {proj} {version} documentation.</div>\n"
+        f'<body>\n<div class="related" role="navigation" aria-label="related navigation">\n<h3>Navigation</h3>\n<ul>\n'
+        f'<li class="right"><a href="{root}genindex/" title="General Index" accesskey="I">index</a></li>\n'
+        + (f'<li class="right"><a href="{root}{_slug_url(nxt[0])}" accesskey="N">next</a> |</li>\n' if nxt else "")
+        + (
+            f'<li class="right"><a href="{root}{_slug_url(prev[0])}" accesskey="P">previous</a> |</li>\n'
+            if prev
+            else ""
+        )
+        + f'<li class="nav-item nav-item-0"><a href="{root}">{proj} Documentation ({version})</a> \u00bb</li>\n'
+        f'<li class="nav-item nav-item-this"><a href="">{htmllib.escape(title, quote=False)}</a></li>\n</ul>\n</div>\n'
+        f'<div class="document"><div class="documentwrapper"><div class="bodywrapper">'
+        f'<div class="body" role="main">\n<section id="content">\n{body}\n</section>\n</div></div></div>\n'
+        f'<div class="sphinxsidebar" role="navigation" aria-label="main navigation"><div class="sphinxsidebarwrapper">\n'
+        f'<p class="logo"><a href="{root}"><img class="logo" src="/_static/logo.png" alt="Logo"></a></p>\n'
+        f'<nav class="project-links"><ul>{nav}</ul></nav>\n'
+        f'<h3><a href="{root}">Table of Contents</a></h3><ul>{toc}</ul>\n'
+        + (f'<h4>Previous topic</h4><p class="topless">{prev_html}</p>\n' if prev else "")
+        + (f'<h4>Next topic</h4><p class="topless">{next_html}</p>\n' if nxt else "")
+        + f'<div role="note" aria-label="source link"><h3>This Page</h3><ul class="this-page-menu">'
+        f'<li><a href="/_sources/{rel}.txt" rel="nofollow">Show Source</a></li></ul></div>\n'
+        f'<div id="searchbox" role="search"><h3 id="searchlabel">Quick search</h3>'
+        f'<form class="search" action="{root}search/" method="get"><input type="text" name="q" '
+        f'aria-labelledby="searchlabel"><input type="submit" value="Go"></form></div>\n'
+        f'</div></div>\n<div class="clearer"></div></div>\n'
+        f'<div class="footer" role="contentinfo">\u00a9 Copyright {site["years"]}, {site["org"]}. '
+        f'Created using <a href="https://www.sphinx-doc.org/">Sphinx</a>. {proj} {version} documentation.</div>\n'
         f"</body>\n</html>\n"
     )
 
@@ -705,12 +959,26 @@ class Page:
     meta: dict = field(default_factory=dict)
 
     def record(self) -> dict:
-        return {"id": self.id, "url": self.url, "content": self.content, "content_type": "text/html",
-                "source": self.source, "variant_of": self.variant_of, "variant_kind": self.variant_kind}
+        return {
+            "id": self.id,
+            "url": self.url,
+            "content": self.content,
+            "content_type": "text/html",
+            "source": self.source,
+            "variant_of": self.variant_of,
+            "variant_kind": self.variant_kind,
+        }
 
     def text_record(self) -> dict:
-        return {"id": self.id, "url": self.url, "content": self.text, "content_type": "text/plain",
-                "source": self.source, "variant_of": self.variant_of, "variant_kind": self.variant_kind}
+        return {
+            "id": self.id,
+            "url": self.url,
+            "content": self.text,
+            "content_type": "text/plain",
+            "source": self.source,
+            "variant_of": self.variant_of,
+            "variant_kind": self.variant_kind,
+        }
 
 
 def _visible(html_: str) -> tuple[str, int, str]:
@@ -738,11 +1006,27 @@ def deb_pages(src: DebSource, data: Path, rng: random.Random, manifest: dict) ->
     deb, version = fetch_deb(src, data / "downloads" / "deb")
     tree = extract_deb(deb, data / "extract" / deb.stem)
     files = list_deb_pages(src, tree, rng)
-    pages = [Page(id=f"{src.key}/{rel}", url=f"https://{src.host}/{rel}", content=decode_html(p.read_bytes()),
-                  source=f"deb:{src.package}") for rel, p in files]
-    manifest["sources"].append({"kind": "debian", "key": src.key, "package": src.package, "version": version,
-                                "pinned_version": src.version, "file": deb.name, "sha256": gt.file_sha256(deb),
-                                "candidates": len(pages)})
+    pages = [
+        Page(
+            id=f"{src.key}/{rel}",
+            url=f"https://{src.host}/{rel}",
+            content=decode_html(p.read_bytes()),
+            source=f"deb:{src.package}",
+        )
+        for rel, p in files
+    ]
+    manifest["sources"].append(
+        {
+            "kind": "debian",
+            "key": src.key,
+            "package": src.package,
+            "version": version,
+            "pinned_version": src.version,
+            "file": deb.name,
+            "sha256": gt.file_sha256(deb),
+            "candidates": len(pages),
+        }
+    )
     return pages
 
 
@@ -787,12 +1071,27 @@ def family_pages(fam: PypiFamily, data: Path, rng: random.Random, manifest: dict
             nxt = (order[k + 1], rendered[order[k + 1]][0]) if k + 1 < len(order) else None
             html_ = page_template(fam.site, ver, rel, title, body, heads, prev, nxt)
             host = fam.site["host"].format(ver=ver)
-            pages.append(Page(id=f"{fam.key}-{ver}/{rel.rsplit('.', 1)[0]}", url=f"https://{host}/{_slug_url(rel)}",
-                              content=html_, source=f"pypi:{fam.name}=={ver}"))
+            pages.append(
+                Page(
+                    id=f"{fam.key}-{ver}/{rel.rsplit('.', 1)[0]}",
+                    url=f"https://{host}/{_slug_url(rel)}",
+                    content=html_,
+                    source=f"pypi:{fam.name}=={ver}",
+                )
+            )
             kept += 1
-        manifest["sources"].append({"kind": "pypi-sdist", "key": f"{fam.key}-{ver}", "package": fam.name,
-                                    "version": ver, "file": archive.name, "sha256": gt.file_sha256(archive),
-                                    "candidates": kept, "unchanged_dropped": unchanged_dropped})
+        manifest["sources"].append(
+            {
+                "kind": "pypi-sdist",
+                "key": f"{fam.key}-{ver}",
+                "package": fam.name,
+                "version": ver,
+                "file": archive.name,
+                "sha256": gt.file_sha256(archive),
+                "candidates": kept,
+                "unchanged_dropped": unchanged_dropped,
+            }
+        )
         log(f"  {fam.name} {ver}: {len(docs)} doc sources, {kept} pages kept, {unchanged_dropped} unchanged dropped")
     return pages
 
@@ -806,24 +1105,106 @@ _PROTECT_RE = re.compile(r"<(script|style|pre|textarea|title)\b.*?</\1\s*>|<!--.
 _BODY_OPEN_RE = re.compile(r"<body\b[^>]*>", re.I)
 _BODY_CLOSE_RE = re.compile(r"</body\s*>", re.I)
 _FOOTER_RE = re.compile(r"<(footer|div)\b[^>]*(?:class|id)=[\"'][^\"']*footer[^\"']*[\"'][^>]*>|<footer\b[^>]*>", re.I)
-_NAV_RE = re.compile(r"<nav\b[^>]*>|<(?:div|ul)\b[^>]*(?:role=[\"']navigation[\"']|class=[\"'][^\"']*"
-                     r"(?:related|navbar|menu|navheader|nav-bar|navigation)[^\"']*[\"'])[^>]*>", re.I)
+_NAV_RE = re.compile(
+    r"<nav\b[^>]*>|<(?:div|ul)\b[^>]*(?:role=[\"']navigation[\"']|class=[\"'][^\"']*"
+    r"(?:related|navbar|menu|navheader|nav-bar|navigation)[^\"']*[\"'])[^>]*>",
+    re.I,
+)
 
-_BRANDS = ["CloudNimbus", "Hostwise", "DataForge", "ByteBarn", "Quillpad", "Stackwell", "Pixelmoor", "NordLedger",
-           "Brightwire", "Tessel", "Lumenstack", "Orbitly", "Kestrel Labs", "Ferrous", "Gridlock Security"]
-_PRODUCTS = ["managed PostgreSQL", "VPS hosting", "online Python courses", "code review tool", "observability platform",
-             "VPN", "noise-cancelling headphones", "standing desks", "password manager", "CI/CD pipelines",
-             "mechanical keyboards", "cloud backup", "error tracking", "headless CMS", "email delivery API"]
-_OFFERS = ["50% off your first month", "free shipping on all orders", "a free trial, no credit card required",
-           "a free 30-day trial", "$100 in free credits", "two months free on annual plans",
-           "20% off this week only", "free setup and migration"]
-_CTAS = ["Sign up today", "Learn more", "Shop now", "Start your free trial", "Get started", "Claim your offer",
-         "Book a demo", "Try it free"]
-_NAV_LABELS = ["Home", "Blog", "Downloads", "Community", "Support", "News", "Events", "Careers", "Donate", "Search",
-               "Contact us", "About", "Release notes", "Security", "Forum", "Partners", "Status", "Shop",
-               "Training", "Newsletter", "Jobs", "Sponsors", "Roadmap", "Changelog"]
-_MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-           "November", "December"]
+_BRANDS = [
+    "CloudNimbus",
+    "Hostwise",
+    "DataForge",
+    "ByteBarn",
+    "Quillpad",
+    "Stackwell",
+    "Pixelmoor",
+    "NordLedger",
+    "Brightwire",
+    "Tessel",
+    "Lumenstack",
+    "Orbitly",
+    "Kestrel Labs",
+    "Ferrous",
+    "Gridlock Security",
+]
+_PRODUCTS = [
+    "managed PostgreSQL",
+    "VPS hosting",
+    "online Python courses",
+    "code review tool",
+    "observability platform",
+    "VPN",
+    "noise-cancelling headphones",
+    "standing desks",
+    "password manager",
+    "CI/CD pipelines",
+    "mechanical keyboards",
+    "cloud backup",
+    "error tracking",
+    "headless CMS",
+    "email delivery API",
+]
+_OFFERS = [
+    "50% off your first month",
+    "free shipping on all orders",
+    "a free trial, no credit card required",
+    "a free 30-day trial",
+    "$100 in free credits",
+    "two months free on annual plans",
+    "20% off this week only",
+    "free setup and migration",
+]
+_CTAS = [
+    "Sign up today",
+    "Learn more",
+    "Shop now",
+    "Start your free trial",
+    "Get started",
+    "Claim your offer",
+    "Book a demo",
+    "Try it free",
+]
+_NAV_LABELS = [
+    "Home",
+    "Blog",
+    "Downloads",
+    "Community",
+    "Support",
+    "News",
+    "Events",
+    "Careers",
+    "Donate",
+    "Search",
+    "Contact us",
+    "About",
+    "Release notes",
+    "Security",
+    "Forum",
+    "Partners",
+    "Status",
+    "Shop",
+    "Training",
+    "Newsletter",
+    "Jobs",
+    "Sponsors",
+    "Roadmap",
+    "Changelog",
+]
+_MONTHS = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+]
 _DAYS = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
 
 
@@ -850,21 +1231,32 @@ def _ad_html(rng: random.Random) -> str:
     brand, prod, offer, cta = rng.choice(_BRANDS), rng.choice(_PRODUCTS), rng.choice(_OFFERS), rng.choice(_CTAS)
     n = rng.randint(1000, 99999)
     style = rng.randrange(4)
-    script = (f"<script>(adsbygoogle = window.adsbygoogle || []).push({{slot: '{n}'}});</script>"
-              if rng.random() < 0.5 else "")
+    script = (
+        f"<script>(adsbygoogle = window.adsbygoogle || []).push({{slot: '{n}'}});</script>"
+        if rng.random() < 0.5
+        else ""
+    )
     if style == 0:
-        return (f"<div class=\"ad ad-banner\" id=\"ad-{n}\"><span class=\"ad-label\">Advertisement</span>"
-                f"<a href=\"https://ads.example.net/click?cid={n}\" rel=\"sponsored nofollow\">"
-                f"<strong>{brand}</strong>: {prod} with {offer}.</a> {cta}!{script}</div>")
+        return (
+            f'<div class="ad ad-banner" id="ad-{n}"><span class="ad-label">Advertisement</span>'
+            f'<a href="https://ads.example.net/click?cid={n}" rel="sponsored nofollow">'
+            f"<strong>{brand}</strong>: {prod} with {offer}.</a> {cta}!{script}</div>"
+        )
     if style == 1:
-        return (f"<aside class=\"advertisement sidebar-ad\" data-ad-slot=\"{n}\"><h4>Sponsored</h4>"
-                f"<p>Looking for {prod}? {brand} gives you {offer}. {cta} at "
-                f"<a href=\"https://{brand.lower().replace(' ', '')}.example.com/?ref=docs\">{brand.lower().replace(' ', '')}.example.com</a>.</p>{script}</aside>")
+        return (
+            f'<aside class="advertisement sidebar-ad" data-ad-slot="{n}"><h4>Sponsored</h4>'
+            f"<p>Looking for {prod}? {brand} gives you {offer}. {cta} at "
+            f'<a href="https://{brand.lower().replace(" ", "")}.example.com/?ref=docs">{brand.lower().replace(" ", "")}.example.com</a>.</p>{script}</aside>'
+        )
     if style == 2:
-        return (f"<div class=\"sponsored\" role=\"complementary\"><p><em>Sponsored by {brand}</em> \u2014 "
-                f"the {prod} teams love. Get {offer}. <a href=\"https://ads.example.net/c/{n}\">{cta} \u2192</a></p>{script}</div>")
-    return (f"<div class=\"ad-container\"><ins class=\"adsbygoogle\" data-ad-client=\"ca-pub-{n}\"></ins>"
-            f"<div class=\"ad-text\">Ads by {brand}: {prod}. {offer.capitalize()}. {cta}.</div>{script}</div>")
+        return (
+            f'<div class="sponsored" role="complementary"><p><em>Sponsored by {brand}</em> \u2014 '
+            f'the {prod} teams love. Get {offer}. <a href="https://ads.example.net/c/{n}">{cta} \u2192</a></p>{script}</div>'
+        )
+    return (
+        f'<div class="ad-container"><ins class="adsbygoogle" data-ad-client="ca-pub-{n}"></ins>'
+        f'<div class="ad-text">Ads by {brand}: {prod}. {offer.capitalize()}. {cta}.</div>{script}</div>'
+    )
 
 
 def _ad_slot(html_: str, rng: random.Random) -> int:
@@ -886,21 +1278,25 @@ def _footer_slot(html_: str) -> int:
 
 
 def _counter_html(fmt: int, n: int) -> str:
-    return [f"<div class=\"counter\">This page has been viewed {n:,} times.</div>",
-            f"<p class=\"hits\">Visitors: <span class=\"hitcount\">{n:07d}</span></p>",
-            f"<div id=\"visits\">You are visitor number {n}</div>",
-            f"<span class=\"pageviews\"> | {n:,} page views</span>"][fmt]
+    return [
+        f'<div class="counter">This page has been viewed {n:,} times.</div>',
+        f'<p class="hits">Visitors: <span class="hitcount">{n:07d}</span></p>',
+        f'<div id="visits">You are visitor number {n}</div>',
+        f'<span class="pageviews"> | {n:,} page views</span>',
+    ][fmt]
 
 
 def _timestamp_html(fmt: int, t: float) -> str:
     lt = time.gmtime(t)
     hms = f"{lt.tm_hour:02d}:{lt.tm_min:02d}:{lt.tm_sec:02d}"
-    return [f"<p class=\"last-updated\">Last updated on {lt.tm_year}-{lt.tm_mon:02d}-{lt.tm_mday:02d} {hms} UTC.</p>",
-            f"<div class=\"generated\">Page generated {_DAYS[lt.tm_wday]}, {lt.tm_mday:02d} "
-            f"{_MONTHS[lt.tm_mon - 1][:3]} {lt.tm_year} {hms} GMT</div>",
-            f"<div class=\"timestamp\">Generated at {hms} on {_MONTHS[lt.tm_mon - 1]} {lt.tm_mday}, {lt.tm_year}.</div>",
-            f"<p><small>Built {lt.tm_year}/{lt.tm_mon:02d}/{lt.tm_mday:02d} {hms[:5]} from revision "
-            f"<code>{(int(t) * 2654435761) % 16**7:07x}</code></small></p>"][fmt]
+    return [
+        f'<p class="last-updated">Last updated on {lt.tm_year}-{lt.tm_mon:02d}-{lt.tm_mday:02d} {hms} UTC.</p>',
+        f'<div class="generated">Page generated {_DAYS[lt.tm_wday]}, {lt.tm_mday:02d} '
+        f"{_MONTHS[lt.tm_mon - 1][:3]} {lt.tm_year} {hms} GMT</div>",
+        f'<div class="timestamp">Generated at {hms} on {_MONTHS[lt.tm_mon - 1]} {lt.tm_mday}, {lt.tm_year}.</div>',
+        f"<p><small>Built {lt.tm_year}/{lt.tm_mon:02d}/{lt.tm_mday:02d} {hms[:5]} from revision "
+        f"<code>{(int(t) * 2654435761) % 16**7:07x}</code></small></p>",
+    ][fmt]
 
 
 def _nav_region(html_: str) -> tuple[int, int] | None:
@@ -909,15 +1305,17 @@ def _nav_region(html_: str) -> tuple[int, int] | None:
         close = html_.find("</ul>", m.end(), m.end() + 6000)
         if close == -1:
             close = html_.lower().find("</ul>", m.end(), m.end() + 6000)
-        if close != -1 and "<li" in html_[m.end():close].lower():
+        if close != -1 and "<li" in html_[m.end() : close].lower():
             return m.start(), close
     return None
 
 
 def _nav_bar(labels: list[str]) -> str:
-    return ("<nav class=\"site-nav\" aria-label=\"Site\"><ul>"
-            + "".join(f"<li><a href=\"/{lb.lower().replace(' ', '-')}/\">{lb}</a></li>" for lb in labels)
-            + "</ul></nav>")
+    return (
+        '<nav class="site-nav" aria-label="Site"><ul>'
+        + "".join(f'<li><a href="/{lb.lower().replace(" ", "-")}/">{lb}</a></li>' for lb in labels)
+        + "</ul></nav>"
+    )
 
 
 def _nav_change(html_: str, rng: random.Random) -> str:
@@ -934,16 +1332,16 @@ def _nav_change(html_: str, rng: random.Random) -> str:
             m = rng.choice(links)
             label = rng.choice(fresh)
             fresh.remove(label)
-            region = region[: m.start(2)] + label + region[m.end(2):]
+            region = region[: m.start(2)] + label + region[m.end(2) :]
     # drop an existing item (p=.3)
     if rng.random() < 0.3:
         items = list(re.finditer(r"<li\b[^>]*>(?:(?!<li\b|</ul>).){0,300}?</li>\s*", region, re.S))
         if len(items) > 2:
             m = rng.choice(items)
-            region = region[: m.start()] + region[m.end():]
+            region = region[: m.start()] + region[m.end() :]
     # add 1-3 links (always)
     new = rng.sample(fresh, rng.randint(1, 3))
-    add = "".join(f"<li class=\"nav-item\"><a href=\"/{lb.lower().replace(' ', '-')}/\">{lb}</a></li>" for lb in new)
+    add = "".join(f'<li class="nav-item"><a href="/{lb.lower().replace(" ", "-")}/">{lb}</a></li>' for lb in new)
     return html_[:start] + region + add + html_[close:]
 
 
@@ -951,9 +1349,22 @@ def _nav_change(html_: str, rng: random.Random) -> str:
 
 _START_TAG_RE = re.compile(r"<(p|div|a|li|span|td|h[1-6]|ul|section|code|em|strong|dl|dt|dd)(?=[\s>])", re.I)
 _CLASS_RE = re.compile(r"class=\"([^\"]*)\"")
-_NAMED_ENT = {"&quot;": "\"", "&#39;": "'", "&#x27;": "'", "&#34;": "\"", "&nbsp;": "\u00a0", "&#160;": "\u00a0",
-              "&copy;": "\u00a9", "&mdash;": "\u2014", "&ndash;": "\u2013", "&raquo;": "\u00bb", "&para;": "\u00b6",
-              "&#182;": "\u00b6", "&#187;": "\u00bb", "&#8217;": "\u2019"}
+_NAMED_ENT = {
+    "&quot;": '"',
+    "&#39;": "'",
+    "&#x27;": "'",
+    "&#34;": '"',
+    "&nbsp;": "\u00a0",
+    "&#160;": "\u00a0",
+    "&copy;": "\u00a9",
+    "&mdash;": "\u2014",
+    "&ndash;": "\u2013",
+    "&raquo;": "\u00bb",
+    "&para;": "\u00b6",
+    "&#182;": "\u00b6",
+    "&#187;": "\u00bb",
+    "&#8217;": "\u2019",
+}
 
 
 def _map_unprotected(html_: str, fn, text_only: bool = False) -> str:
@@ -997,15 +1408,22 @@ def mk_classes(html_: str, rng: random.Random) -> str:
             c = cls[0]
             rename.setdefault(c, f"{c}-{rng.getrandbits(16):04x}")
             cls[0] = rename[c]
-        return f"class=\"{' '.join(cls + [extra])}\""
+        return f'class="{" ".join(cls + [extra])}"'
 
     return _map_unprotected(html_, lambda c: _CLASS_RE.sub(sub, c))
 
 
 def mk_comments(html_: str, rng: random.Random) -> str:
     p = rng.uniform(0.05, 0.3)
-    texts = ["<!-- cached -->", "<!-- end .section -->", "<!-- /block -->", f"<!-- rendered in {rng.randint(3, 900)} ms -->",
-             "<!-- google_ad_section_end -->", f"<!-- node {rng.getrandbits(20):x} -->", "<!-- TODO: remove -->"]
+    texts = [
+        "<!-- cached -->",
+        "<!-- end .section -->",
+        "<!-- /block -->",
+        f"<!-- rendered in {rng.randint(3, 900)} ms -->",
+        "<!-- google_ad_section_end -->",
+        f"<!-- node {rng.getrandbits(20):x} -->",
+        "<!-- TODO: remove -->",
+    ]
 
     def fn(chunk: str) -> str:
         return _BLOCK_CLOSE_RE.sub(lambda m: m.group(0) + (rng.choice(texts) if rng.random() < p else ""), chunk)
@@ -1035,8 +1453,8 @@ def mk_wrapper(html_: str, rng: random.Random) -> str:
         raise ValueError("no body")
     depth = rng.randint(1, 3)
     names = ["page-wrapper", "container", "main-outer", "layout", "site", "content-wrap"]
-    opens = "".join(f"<div class=\"{rng.choice(names)}\">" for _ in range(depth))
-    return html_[: mo.end()] + opens + html_[mo.end(): mc.start()] + "</div>" * depth + html_[mc.start():]
+    opens = "".join(f'<div class="{rng.choice(names)}">' for _ in range(depth))
+    return html_[: mo.end()] + opens + html_[mo.end() : mc.start()] + "</div>" * depth + html_[mc.start() :]
 
 
 def mk_entities(html_: str, rng: random.Random) -> str:
@@ -1065,8 +1483,15 @@ def mk_tagcase(html_: str, rng: random.Random) -> str:
     return _map_unprotected(html_, lambda c: rx.sub(lambda m: f"<{m.group(1)}{m.group(2).upper()}", c))
 
 
-MARKUP_TRANSFORMS = {"attrs": mk_attrs, "classes": mk_classes, "comments": mk_comments, "whitespace": mk_whitespace,
-                     "wrapper": mk_wrapper, "entities": mk_entities, "tagcase": mk_tagcase}
+MARKUP_TRANSFORMS = {
+    "attrs": mk_attrs,
+    "classes": mk_classes,
+    "comments": mk_comments,
+    "whitespace": mk_whitespace,
+    "wrapper": mk_wrapper,
+    "entities": mk_entities,
+    "tagcase": mk_tagcase,
+}
 
 
 def _words(html_: str) -> list[str]:
@@ -1134,7 +1559,9 @@ def make_variants(bases: list[Page], rng: random.Random, fraction: float) -> tup
                 base.meta["instrumented"] = "timestamp"
                 outs, t = [], t0
                 for _ in range(n_var):
-                    t += rng.choice([rng.randint(60, 3600), rng.randint(3600, 86400 * 3), rng.randint(86400, 86400 * 120)])
+                    t += rng.choice(
+                        [rng.randint(60, 3600), rng.randint(3600, 86400 * 3), rng.randint(86400, 86400 * 120)]
+                    )
                     outs.append(_insert(html0, pos, _timestamp_html(fmt, t)))
             elif kind == "navigation":
                 if _nav_region(html0) is None:  # the site has a nav bar; a later crawl sees it changed
@@ -1159,8 +1586,14 @@ def make_variants(bases: list[Page], rng: random.Random, fraction: float) -> tup
             failures[f"{kind}: {exc}"] += 1
             continue
         for v, o in enumerate(outs, 1):
-            page = Page(id=f"{base.id}~{kind}{v}", url=f"{base.url}?variant={kind}-{v}", content=o,
-                        source=base.source, variant_of=base.id, variant_kind=kind)
+            page = Page(
+                id=f"{base.id}~{kind}{v}",
+                url=f"{base.url}?variant={kind}-{v}",
+                content=o,
+                source=base.source,
+                variant_of=base.id,
+                variant_kind=kind,
+            )
             if kind == "markup":
                 page.meta["markup_transforms"] = base.meta["markup_transforms"][v - 1]
             variants.append(page)
@@ -1199,11 +1632,20 @@ def build(out: Path, seed: int = 1, max_pages: int | None = None, processes: int
     processes = processes or os.cpu_count() or 1
     rng = random.Random(seed)
     out.mkdir(parents=True, exist_ok=True)
-    manifest: dict = {"corpus_version": CORPUS_VERSION, "seed": seed, "max_pages": max_pages, "sources": [],
-                      "parameters": {"P_KEEP_UNCHANGED": P_KEEP_UNCHANGED, "P_KEEP_EXACT": P_KEEP_EXACT,
-                                     "MIN_WORDS": MIN_WORDS, "MAX_HTML_BYTES": MAX_HTML_BYTES,
-                                     "VARIANT_BASE_FRACTION": VARIANT_BASE_FRACTION,
-                                     "P_VARIANT_FIRST": P_VARIANT_FIRST}}
+    manifest: dict = {
+        "corpus_version": CORPUS_VERSION,
+        "seed": seed,
+        "max_pages": max_pages,
+        "sources": [],
+        "parameters": {
+            "P_KEEP_UNCHANGED": P_KEEP_UNCHANGED,
+            "P_KEEP_EXACT": P_KEEP_EXACT,
+            "MIN_WORDS": MIN_WORDS,
+            "MAX_HTML_BYTES": MAX_HTML_BYTES,
+            "VARIANT_BASE_FRACTION": VARIANT_BASE_FRACTION,
+            "P_VARIANT_FIRST": P_VARIANT_FIRST,
+        },
+    }
 
     # 1. natural pages -----------------------------------------------------
     cands: list[Page] = []
@@ -1253,8 +1695,10 @@ def build(out: Path, seed: int = 1, max_pages: int | None = None, processes: int
         pages = pages[:max_pages]
     ids = [p.id for p in pages]
     assert len(set(ids)) == len(ids), "duplicate ids"
-    with open(out / "corpus.jsonl", "w", encoding="utf-8") as fh, \
-            open(out / "corpus-text.jsonl", "w", encoding="utf-8") as ft:
+    with (
+        open(out / "corpus.jsonl", "w", encoding="utf-8") as fh,
+        open(out / "corpus-text.jsonl", "w", encoding="utf-8") as ft,
+    ):
         for p in pages:
             fh.write(json.dumps(p.record(), ensure_ascii=False) + "\n")
             ft.write(json.dumps(p.text_record(), ensure_ascii=False) + "\n")
@@ -1263,17 +1707,28 @@ def build(out: Path, seed: int = 1, max_pages: int | None = None, processes: int
     by_kind = Counter(p.variant_kind or "natural" for p in pages)
     where = {i: k for k, i in enumerate(ids)}
     first = sum(1 for k, p in enumerate(pages) if p.variant_of and where.get(p.variant_of, -1) > k)
-    manifest.update({
-        "counts": {"pages": len(pages), "base_pages": sum(1 for p in pages if not p.variant_of),
-                   "variants": sum(1 for p in pages if p.variant_of), "by_kind": dict(sorted(by_kind.items())),
-                   "by_source": dict(sorted(by_source.items())), "variants_before_base": first,
-                   "dropped": dict(dropped), "variant_failures": dict(failures)},
-        "files": {name: {"sha256": gt.file_sha256(out / name), "bytes": (out / name).stat().st_size}
-                  for name in ("corpus.jsonl", "corpus-text.jsonl")},
-        "build_seconds": round(time.time() - t0, 1),
-        "markup_transforms": {p.id: p.meta["markup_transforms"] for p in pages if "markup_transforms" in p.meta
-                              and p.variant_of},
-    })
+    manifest.update(
+        {
+            "counts": {
+                "pages": len(pages),
+                "base_pages": sum(1 for p in pages if not p.variant_of),
+                "variants": sum(1 for p in pages if p.variant_of),
+                "by_kind": dict(sorted(by_kind.items())),
+                "by_source": dict(sorted(by_source.items())),
+                "variants_before_base": first,
+                "dropped": dict(dropped),
+                "variant_failures": dict(failures),
+            },
+            "files": {
+                name: {"sha256": gt.file_sha256(out / name), "bytes": (out / name).stat().st_size}
+                for name in ("corpus.jsonl", "corpus-text.jsonl")
+            },
+            "build_seconds": round(time.time() - t0, 1),
+            "markup_transforms": {
+                p.id: p.meta["markup_transforms"] for p in pages if "markup_transforms" in p.meta and p.variant_of
+            },
+        }
+    )
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
     return manifest
 
@@ -1287,8 +1742,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     m = build(args.out, seed=args.seed, max_pages=args.max_pages, processes=args.processes)
     c = m["counts"]
-    print(f"wrote {c['pages']} pages ({c['base_pages']} base, {c['variants']} synthetic variants, "
-          f"{c['variants_before_base']} variants before their base) to {args.out} in {m['build_seconds']}s")
+    print(
+        f"wrote {c['pages']} pages ({c['base_pages']} base, {c['variants']} synthetic variants, "
+        f"{c['variants_before_base']} variants before their base) to {args.out} in {m['build_seconds']}s"
+    )
     print("by kind:  " + ", ".join(f"{k}={v}" for k, v in c["by_kind"].items()))
     print("by source:")
     for k, v in c["by_source"].items():

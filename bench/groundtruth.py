@@ -46,10 +46,10 @@ import re
 import sys
 import time
 import unicodedata
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import scipy.sparse as sp
@@ -96,7 +96,7 @@ class _VisibleTextParser(HTMLParser):
     def _recount(self) -> None:
         self.skipping = sum(self.skip.values())
 
-    def handle_starttag(self, tag: str, attrs) -> None:  # noqa: ANN001
+    def handle_starttag(self, tag: str, attrs) -> None:
         if tag == "body":
             # </head> is optional in HTML: <body> always ends the head.
             self.skip["head"] = 0
@@ -107,7 +107,7 @@ class _VisibleTextParser(HTMLParser):
         elif tag in BLOCK_TAGS:
             self.parts.append("\n")
 
-    def handle_startendtag(self, tag: str, attrs) -> None:  # noqa: ANN001
+    def handle_startendtag(self, tag: str, attrs) -> None:
         # <br/>, <img/> ... never open a skipped region.
         if tag in BLOCK_TAGS:
             self.parts.append("\n")
@@ -465,8 +465,10 @@ def summary(gt: GroundTruth) -> dict:
 def print_summary(gt: GroundTruth) -> None:
     s = summary(gt)
     print(f"pages: {s['n_pages']}  (empty: {s['n_empty']})")
-    print(f"pages with an earlier page at J >= {THRESHOLD}: {s['n_with_earlier_ge_0.8']} "
-          f"({s['n_with_earlier_ge_0.8'] / max(1, s['n_pages']):.1%}); exact (J = 1): {s['n_exact_earlier']}")
+    print(
+        f"pages with an earlier page at J >= {THRESHOLD}: {s['n_with_earlier_ge_0.8']} "
+        f"({s['n_with_earlier_ge_0.8'] / max(1, s['n_pages']):.1%}); exact (J = 1): {s['n_exact_earlier']}"
+    )
     print("best Jaccard with any earlier page:")
     for label, n in s["best_j_histogram"]:
         print(f"  {label:>13} {n:6d}")

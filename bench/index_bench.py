@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from streamdedup.index import HammingIndex
+from streamdedup.index.hamming import HammingIndex
 
 
 def one_run(n: int, batch: int, qbatch: int, design: str, seed: int) -> dict:
@@ -88,8 +88,14 @@ def main() -> None:
         res = one_run(args.n, args.batch, args.query_batch, args.design, seed=r)
         print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in res.items()}))
         results.append(res)
-    for key in ("insert_per_s", "insert_with_directories_per_s", "query_per_s", "query_then_insert_pages_per_s",
-                "table_bytes_per_fp", "index_bytes_per_fp"):
+    for key in (
+        "insert_per_s",
+        "insert_with_directories_per_s",
+        "query_per_s",
+        "query_then_insert_pages_per_s",
+        "table_bytes_per_fp",
+        "index_bytes_per_fp",
+    ):
         print(f"median {key}: {statistics.median(r[key] for r in results):,.1f}")
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import groundtruth as gtm  # noqa: E402
+import groundtruth as gtm
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
@@ -112,9 +112,11 @@ def find_cli() -> list[str] | None:
         r = subprocess.run(cmd + ["scan", "--help"], capture_output=True, text=True, cwd=REPO)
         if r.returncode == 0:
             if n:
-                print(f"warning: {' '.join(cands[0])} does not start "
-                      f"({(r.stderr or '').strip().splitlines()[-1:] or ''}); using {' '.join(cmd)} from {REPO}",
-                      file=sys.stderr)
+                print(
+                    f"warning: {' '.join(cands[0])} does not start "
+                    f"({(r.stderr or '').strip().splitlines()[-1:] or ''}); using {' '.join(cmd)} from {REPO}",
+                    file=sys.stderr,
+                )
             return cmd
         last = (r.stderr or r.stdout).strip().splitlines()[-1:] if (r.stderr or r.stdout) else []
         print(f"note: {' '.join(cmd)} scan --help failed: {last}", file=sys.stderr)
@@ -151,8 +153,14 @@ def _ratio(a: int, b: int) -> float:
     return a / b if b else float("nan")
 
 
-def evaluate(corpus: Corpus, g: gtm.GroundTruth, verdicts: list[dict], threshold: float = THRESHOLD,
-             n_examples: int = 5, seed: int = 0) -> dict:
+def evaluate(
+    corpus: Corpus,
+    g: gtm.GroundTruth,
+    verdicts: list[dict],
+    threshold: float = THRESHOLD,
+    n_examples: int = 5,
+    seed: int = 0,
+) -> dict:
     n = len(corpus.ids)
     idx = g.id_to_idx
     problems: Counter = Counter()
@@ -202,30 +210,46 @@ def evaluate(corpus: Corpus, g: gtm.GroundTruth, verdicts: list[dict], threshold
         tp_r = int((flagged & positive & mask).sum())
         prec, rec = _ratio(int(c.sum()), int(f.sum())), _ratio(tp_r, int(p.sum()))
         f1 = 2 * prec * rec / (prec + rec) if prec == prec and rec == rec and prec + rec > 0 else float("nan")
-        return {"pages": int(mask.sum()), "positives": int(p.sum()), "flagged": int(f.sum()),
-                "flagged_correct_match": int(c.sum()), "positives_flagged": tp_r,
-                "positives_flagged_correct_match": int((c & p).sum()),
-                "precision": prec, "recall": rec, "f1": f1}
+        return {
+            "pages": int(mask.sum()),
+            "positives": int(p.sum()),
+            "flagged": int(f.sum()),
+            "flagged_correct_match": int(c.sum()),
+            "positives_flagged": tp_r,
+            "positives_flagged_correct_match": int((c & p).sum()),
+            "precision": prec,
+            "recall": rec,
+            "f1": f1,
+        }
 
-    res = {"input": str(corpus.path), "input_kind": corpus.label, "threshold": threshold,
-           "overall": block(np.ones(n, dtype=bool)),
-           "by_kind": {k: block(kinds == k) for k in KINDS if (kinds == k).any()},
-           "by_source": {}, "by_best_j": {}, "problems": {k: v for k, v in problems.items() if v}}
+    res = {
+        "input": str(corpus.path),
+        "input_kind": corpus.label,
+        "threshold": threshold,
+        "overall": block(np.ones(n, dtype=bool)),
+        "by_kind": {k: block(kinds == k) for k in KINDS if (kinds == k).any()},
+        "by_source": {},
+        "by_best_j": {},
+        "problems": {k: v for k, v in problems.items() if v},
+    }
     srcs = np.array([s.split("==")[0] for s in corpus.sources])
     for s in sorted(set(srcs)):
         res["by_source"][s] = block(srcs == s)
     for lo, hi in zip(J_BINS[:-1], J_BINS[1:]):
         m = (g.best_j >= lo) & (g.best_j < hi)
         label = "=1.00" if lo == 1.0 else f"[{lo:.2f},{hi:.2f})"
-        res["by_best_j"][label] = {"pages": int(m.sum()), "flagged": int((flagged & m).sum()),
-                                   "flag_rate": _ratio(int((flagged & m).sum()), int(m.sum()))}
+        res["by_best_j"][label] = {
+            "pages": int(m.sum()),
+            "flagged": int((flagged & m).sum()),
+            "flag_rate": _ratio(int((flagged & m).sum()), int(m.sum())),
+        }
 
     # distance distributions (helps choosing k)
     def dstats(mask: np.ndarray) -> dict | None:
         d = dist[mask & ~np.isnan(dist)]
         if not len(d):
             return None
-        return {"n": int(len(d)), "min": float(d.min()), "median": float(np.median(d)), "max": float(d.max())}
+        return {"n": len(d), "min": float(d.min()), "median": float(np.median(d)), "max": float(d.max())}
 
     res["distance"] = {"true_positive": dstats(correct), "false_positive": dstats(flagged & ~correct)}
 
@@ -235,16 +259,23 @@ def evaluate(corpus: Corpus, g: gtm.GroundTruth, verdicts: list[dict], threshold
     fn = np.flatnonzero(positive & ~flagged)
 
     def ex_fp(i: int) -> dict:
-        return {"id": corpus.ids[i], "kind": corpus.kinds[i],
-                "match_id": corpus.ids[match[i]] if match[i] >= 0 else by_id[corpus.ids[i]].get("match_id"),
-                "J_match": None if math.isnan(jm[i]) else round(float(jm[i]), 4),
-                "best_earlier_J": round(float(g.best_j[i]), 4),
-                "best_earlier_id": g.best_match_id(i),
-                "distance": None if math.isnan(dist[i]) else float(dist[i])}
+        return {
+            "id": corpus.ids[i],
+            "kind": corpus.kinds[i],
+            "match_id": corpus.ids[match[i]] if match[i] >= 0 else by_id[corpus.ids[i]].get("match_id"),
+            "J_match": None if math.isnan(jm[i]) else round(float(jm[i]), 4),
+            "best_earlier_J": round(float(g.best_j[i]), 4),
+            "best_earlier_id": g.best_match_id(i),
+            "distance": None if math.isnan(dist[i]) else float(dist[i]),
+        }
 
     def ex_fn(i: int) -> dict:
-        return {"id": corpus.ids[i], "kind": corpus.kinds[i], "best_earlier_id": g.best_match_id(i),
-                "best_earlier_J": round(float(g.best_j[i]), 4)}
+        return {
+            "id": corpus.ids[i],
+            "kind": corpus.kinds[i],
+            "best_earlier_id": g.best_match_id(i),
+            "best_earlier_J": round(float(g.best_j[i]), 4),
+        }
 
     # synthetic (variant, base) pairs: is the later page of each pair flagged?
     # (per-kind recall above also counts e.g. a markup variant whose nearest
@@ -261,14 +292,24 @@ def evaluate(corpus: Corpus, g: gtm.GroundTruth, verdicts: list[dict], threshold
         for kind in KINDS[1:]:
             m = np.array([corpus.kinds[i] == kind for i in vi])
             ge = m & (jp >= threshold)
-            pairs[kind] = {"pairs": int(m.sum()), "pairs_J_ge": int(ge.sum()),
-                           "later_flagged": int(flagged[later[ge]].sum()),
-                           "pair_recall": _ratio(int(flagged[later[ge]].sum()), int(ge.sum()))}
+            pairs[kind] = {
+                "pairs": int(m.sum()),
+                "pairs_J_ge": int(ge.sum()),
+                "later_flagged": int(flagged[later[ge]].sum()),
+                "pair_recall": _ratio(int(flagged[later[ge]].sum()), int(ge.sum())),
+            }
         for a, b, j, lt in zip(vi, bi, jp, later):
             if corpus.kinds[a] == "markup" and not flagged[lt]:
-                misses.append({"variant": corpus.ids[a], "base": corpus.ids[b], "J": float(j),
-                               "later": corpus.ids[lt], "later_verdict": "unique",
-                               "transforms": mt.get(corpus.ids[a])})
+                misses.append(
+                    {
+                        "variant": corpus.ids[a],
+                        "base": corpus.ids[b],
+                        "J": float(j),
+                        "later": corpus.ids[lt],
+                        "later_verdict": "unique",
+                        "transforms": mt.get(corpus.ids[a]),
+                    }
+                )
     res["variant_pairs"] = pairs
     res["markup_misses"] = misses
 
@@ -276,10 +317,12 @@ def evaluate(corpus: Corpus, g: gtm.GroundTruth, verdicts: list[dict], threshold
     worst_fn = sorted(fn, key=lambda i: -g.best_j[i])[:n_examples]
     rnd_fp = rng.sample(list(fp), min(n_examples, len(fp)))
     rnd_fn = rng.sample(list(fn), min(n_examples, len(fn)))
-    res["examples"] = {"false_positives_lowest_J": [ex_fp(i) for i in worst_fp],
-                       "false_positives_random": [ex_fp(i) for i in rnd_fp],
-                       "false_negatives_highest_J": [ex_fn(i) for i in worst_fn],
-                       "false_negatives_random": [ex_fn(i) for i in rnd_fn]}
+    res["examples"] = {
+        "false_positives_lowest_J": [ex_fp(i) for i in worst_fp],
+        "false_positives_random": [ex_fp(i) for i in rnd_fp],
+        "false_negatives_highest_J": [ex_fn(i) for i in worst_fn],
+        "false_negatives_random": [ex_fn(i) for i in rnd_fn],
+    }
     return res
 
 
@@ -311,8 +354,10 @@ def print_report(res: dict, title: str) -> None:
     print(f"{'slice':<22}{'pages':>7}{'pos':>7}{'flag':>7}{'prec':>8}{'recall':>8}{'f1':>8}")
 
     def row(name: str, b: dict) -> None:
-        print(f"{name:<22}{b['pages']:>7}{b['positives']:>7}{b['flagged']:>7}"
-              f"{_f(b['precision']):>8}{_f(b['recall']):>8}{_f(b['f1']):>8}")
+        print(
+            f"{name:<22}{b['pages']:>7}{b['positives']:>7}{b['flagged']:>7}"
+            f"{_f(b['precision']):>8}{_f(b['recall']):>8}{_f(b['f1']):>8}"
+        )
 
     row("overall", res["overall"])
     for k, b in res["by_kind"].items():
@@ -321,14 +366,21 @@ def print_report(res: dict, title: str) -> None:
     print("  " + "  ".join(f"{lbl} {_f(b['flag_rate'])} ({b['pages']})" for lbl, b in res["by_best_j"].items()))
     if res.get("variant_pairs"):
         print("synthetic (variant, base) pairs with J >= J*: recall of the later page of the pair:")
-        print("  " + "  ".join(f"{k} {_f(b['pair_recall'])} ({b['later_flagged']}/{b['pairs_J_ge']})"
-                               for k, b in res["variant_pairs"].items()))
+        print(
+            "  "
+            + "  ".join(
+                f"{k} {_f(b['pair_recall'])} ({b['later_flagged']}/{b['pairs_J_ge']})"
+                for k, b in res["variant_pairs"].items()
+            )
+        )
     if "markup" in res.get("variant_pairs", {}):
         r = res["variant_pairs"]["markup"]["pair_recall"]
         print(f"markup-only pair recall: {_f(r)}" + ("" if r == 1.0 else "   <-- expected 1.00"))
     for m in res.get("markup_misses", []):
-        print(f"  markup-only pair missed: {m['variant']} / {m['base']} (later: {m['later']}), "
-              f"transforms {m['transforms']}")
+        print(
+            f"  markup-only pair missed: {m['variant']} / {m['base']} (later: {m['later']}), "
+            f"transforms {m['transforms']}"
+        )
     if res["problems"]:
         print(f"verdict file problems: {res['problems']}")
     d = res["distance"]
@@ -338,15 +390,17 @@ def print_report(res: dict, title: str) -> None:
     if ex["false_positives_lowest_J"]:
         print("false positives (lowest J of named match):")
         for e in ex["false_positives_lowest_J"] + ex["false_positives_random"]:
-            print(f"  {e['id']} -> {e['match_id']}  J={e['J_match']} dist={e['distance']}  "
-                  f"(best earlier J={e['best_earlier_J']} {e['best_earlier_id']})")
+            print(
+                f"  {e['id']} -> {e['match_id']}  J={e['J_match']} dist={e['distance']}  "
+                f"(best earlier J={e['best_earlier_J']} {e['best_earlier_id']})"
+            )
     if ex["false_negatives_highest_J"]:
         print("false negatives (highest best-earlier J):")
         for e in ex["false_negatives_highest_J"] + ex["false_negatives_random"]:
             print(f"  {e['id']} [{e['kind']}]  best earlier {e['best_earlier_id']} J={e['best_earlier_J']}")
 
 
-def _json_default(o):  # noqa: ANN001
+def _json_default(o):
     if isinstance(o, (np.integer,)):
         return int(o)
     if isinstance(o, (np.floating,)):
@@ -375,8 +429,7 @@ def inputs_from(args: argparse.Namespace) -> list[Path]:
 def run_once(args: argparse.Namespace) -> int:
     cli = None if args.verdicts else find_cli()
     if not args.verdicts and cli is None:
-        print("streamdedup CLI not found (.venv/bin/streamdedup); use --verdicts FILE or --self-check",
-              file=sys.stderr)
+        print("streamdedup CLI not found (.venv/bin/streamdedup); use --verdicts FILE or --self-check", file=sys.stderr)
         return 2
     results = {"algorithm": args.algorithm, "k": args.k, "runs": []}
     for inp in inputs_from(args):
@@ -395,7 +448,9 @@ def run_once(args: argparse.Namespace) -> int:
             title += f"  (scan {secs:.1f}s, {len(corpus.ids) / max(secs, 1e-9):.0f} pages/s)"
         print_report(res, title)
         results["runs"].append(res)
-    name = f"quality-{args.algorithm}-k{args.k}.json" if not args.verdicts else f"quality-{Path(args.verdicts).stem}.json"
+    name = (
+        f"quality-{args.algorithm}-k{args.k}.json" if not args.verdicts else f"quality-{Path(args.verdicts).stem}.json"
+    )
     write_json(results, OUT / name)
     print(f"\nwrote {OUT / name}")
     return 0
@@ -437,25 +492,51 @@ def sweep(args: argparse.Namespace) -> int:
             res = evaluate(corpus, g, load_verdicts(vpath), args.threshold, n_examples=3)
             o = res["overall"]
             mk = res["variant_pairs"].get("markup", {}).get("pair_recall", float("nan"))
-            rows.append({"k": k, "precision": o["precision"], "recall": o["recall"], "f1": o["f1"],
-                         "flagged": o["flagged"], "markup_recall": mk, "scan_seconds": secs,
-                         "recall_by_kind": {kk: b["recall"] for kk, b in res["by_kind"].items()},
-                         "precision_by_kind": {kk: b["precision"] for kk, b in res["by_kind"].items()},
-                         "pair_recall_by_kind": {kk: b["pair_recall"] for kk, b in res["variant_pairs"].items()}})
-            print(f"[{corpus.label}] k={k}: P={_f(o['precision'])} R={_f(o['recall'])} F1={_f(o['f1'])} "
-                  f"flagged={o['flagged']} markup-pair R={_f(mk)} ({secs:.1f}s)", flush=True)
+            rows.append(
+                {
+                    "k": k,
+                    "precision": o["precision"],
+                    "recall": o["recall"],
+                    "f1": o["f1"],
+                    "flagged": o["flagged"],
+                    "markup_recall": mk,
+                    "scan_seconds": secs,
+                    "recall_by_kind": {kk: b["recall"] for kk, b in res["by_kind"].items()},
+                    "precision_by_kind": {kk: b["precision"] for kk, b in res["by_kind"].items()},
+                    "pair_recall_by_kind": {kk: b["pair_recall"] for kk, b in res["variant_pairs"].items()},
+                }
+            )
+            print(
+                f"[{corpus.label}] k={k}: P={_f(o['precision'])} R={_f(o['recall'])} F1={_f(o['f1'])} "
+                f"flagged={o['flagged']} markup-pair R={_f(mk)} ({secs:.1f}s)",
+                flush=True,
+            )
         table[corpus.label] = rows
-    write_json({"algorithm": args.algorithm, "threshold": args.threshold, "sweep": table, "failed": failed},
-               OUT / f"sweep-{args.algorithm}.json")
+    write_json(
+        {"algorithm": args.algorithm, "threshold": args.threshold, "sweep": table, "failed": failed},
+        OUT / f"sweep-{args.algorithm}.json",
+    )
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     styles = {"html": "-", "text": "--"}
     for label, rows in table.items():
         xs = [r["k"] for r in rows]
-        ax.plot(xs, [r["precision"] for r in rows], styles.get(label, ":"), marker="o", color="tab:blue",
-                label=f"precision ({label})")
-        ax.plot(xs, [r["recall"] for r in rows], styles.get(label, ":"), marker="s", color="tab:red",
-                label=f"recall ({label})")
+        ax.plot(
+            xs,
+            [r["precision"] for r in rows],
+            styles.get(label, ":"),
+            marker="o",
+            color="tab:blue",
+            label=f"precision ({label})",
+        )
+        ax.plot(
+            xs,
+            [r["recall"] for r in rows],
+            styles.get(label, ":"),
+            marker="s",
+            color="tab:red",
+            label=f"recall ({label})",
+        )
     ax.set_xlabel("k")
     ax.set_ylabel("per-page precision / recall")
     ax.set_title(f"streamdedup {args.algorithm}: precision & recall vs k (J* = {args.threshold})")
@@ -481,11 +562,29 @@ def oracle_verdicts(corpus: Corpus, g: gtm.GroundTruth, threshold: float = THRES
     for i, pid in enumerate(corpus.ids):
         if g.best_j[i] >= threshold:
             j = int(g.best_idx[i])
-            out.append({"id": pid, "url": None, "verdict": "near_duplicate", "fingerprint": None,
-                        "match_id": g.ids[j], "match_url": None, "distance": round(1 - float(g.best_j[i]), 4)})
+            out.append(
+                {
+                    "id": pid,
+                    "url": None,
+                    "verdict": "near_duplicate",
+                    "fingerprint": None,
+                    "match_id": g.ids[j],
+                    "match_url": None,
+                    "distance": round(1 - float(g.best_j[i]), 4),
+                }
+            )
         else:
-            out.append({"id": pid, "url": None, "verdict": "unique", "fingerprint": None,
-                        "match_id": None, "match_url": None, "distance": None})
+            out.append(
+                {
+                    "id": pid,
+                    "url": None,
+                    "verdict": "unique",
+                    "fingerprint": None,
+                    "match_id": None,
+                    "match_url": None,
+                    "distance": None,
+                }
+            )
     return out
 
 
@@ -525,30 +624,53 @@ def self_check(args: argparse.Namespace) -> int:
         p.write_text("".join(json.dumps(v) + "\n" for v in oracle_verdicts(corpus, g)), encoding="utf-8")
         res = evaluate(corpus, g, load_verdicts(p))
         o = res["overall"]
-        _check(o["precision"] == 1.0 and o["recall"] == 1.0, f"oracle: P={o['precision']:.4f} R={o['recall']:.4f} (want 1, 1)", failures)
-        _check(all(b["recall"] == 1.0 for b in res["by_kind"].values() if b["positives"]),
-               "oracle: recall 1.0 in every kind " + str({k: b['recall'] for k, b in res['by_kind'].items()}), failures)
+        _check(
+            o["precision"] == 1.0 and o["recall"] == 1.0,
+            f"oracle: P={o['precision']:.4f} R={o['recall']:.4f} (want 1, 1)",
+            failures,
+        )
+        _check(
+            all(b["recall"] == 1.0 for b in res["by_kind"].values() if b["positives"]),
+            "oracle: recall 1.0 in every kind " + str({k: b["recall"] for k, b in res["by_kind"].items()}),
+            failures,
+        )
         _check(not res["problems"], f"oracle: no verdict-file problems {res['problems']}", failures)
         # 2. a deliberately bad one
         p = OUT / f"selfcheck-bad-{corpus.label}.jsonl"
         p.write_text("".join(json.dumps(v) + "\n" for v in bad_verdicts(corpus, g, rng)), encoding="utf-8")
         res = evaluate(corpus, g, load_verdicts(p))
         o = res["overall"]
-        _check(o["precision"] < 0.5 and 0.3 < o["recall"] < 0.7,
-               f"bad (random half, previous page): P={o['precision']:.3f} (want << 1) R={o['recall']:.3f} (want ~0.5)", failures)
+        _check(
+            o["precision"] < 0.5 and 0.3 < o["recall"] < 0.7,
+            f"bad (random half, previous page): P={o['precision']:.3f} (want << 1) R={o['recall']:.3f} (want ~0.5)",
+            failures,
+        )
         # 3. flags nothing / flags all with best match but drops a third
         none = [{"id": i, "verdict": "unique"} for i in corpus.ids]
         o = evaluate(corpus, g, none)["overall"]
         _check(o["recall"] == 0.0 and o["precision"] != o["precision"], f"all unique: R={o['recall']} P=n/a", failures)
         orc = oracle_verdicts(corpus, g)
-        drop = [dict(v, verdict="unique", match_id=None) if v["verdict"] == "near_duplicate" and rng.random() < 1 / 3
-                else v for v in orc]
+        drop = [
+            dict(v, verdict="unique", match_id=None) if v["verdict"] == "near_duplicate" and rng.random() < 1 / 3 else v
+            for v in orc
+        ]
         o = evaluate(corpus, g, drop)["overall"]
-        _check(o["precision"] == 1.0 and abs(o["recall"] - 2 / 3) < 0.05, f"oracle minus a third: P={o['precision']:.3f} R={o['recall']:.3f} (want 1, ~0.667)", failures)
+        _check(
+            o["precision"] == 1.0 and abs(o["recall"] - 2 / 3) < 0.05,
+            f"oracle minus a third: P={o['precision']:.3f} R={o['recall']:.3f} (want 1, ~0.667)",
+            failures,
+        )
         # wrong match names lower precision, not recall
-        swap = [dict(v, match_id=corpus.ids[0]) if v["verdict"] == "near_duplicate" and rng.random() < 0.5 else v for v in orc]
+        swap = [
+            dict(v, match_id=corpus.ids[0]) if v["verdict"] == "near_duplicate" and rng.random() < 0.5 else v
+            for v in orc
+        ]
         o = evaluate(corpus, g, swap)["overall"]
-        _check(o["recall"] == 1.0 and o["precision"] < 0.7, f"oracle with half the matches renamed to page 0: P={o['precision']:.3f} R={o['recall']:.3f}", failures)
+        _check(
+            o["recall"] == 1.0 and o["precision"] < 0.7,
+            f"oracle with half the matches renamed to page 0: P={o['precision']:.3f} R={o['recall']:.3f}",
+            failures,
+        )
 
     # 4. the ground truth itself: hashed sparse Jaccard == plain-Python set Jaccard
     print("\n-- ground truth spot checks")
@@ -566,7 +688,11 @@ def self_check(args: argparse.Namespace) -> int:
             worst = max(worst, abs(gtm.jaccard_sets(recs[i], recs[j]) - g.best_j[i]))
         k = rng.choice(sample)
         worst = max(worst, abs(gtm.jaccard_sets(recs[i], recs[k]) - g.jaccard_idx(i, k)))
-    _check(worst < 1e-12, f"set Jaccard vs hashed sparse Jaccard on {len(sample)} pages: max |diff| = {worst:.2e}", failures)
+    _check(
+        worst < 1e-12,
+        f"set Jaccard vs hashed sparse Jaccard on {len(sample)} pages: max |diff| = {worst:.2e}",
+        failures,
+    )
     # best earlier by pairwise intersect1d for a few pages (independent of the X @ X.T path)
     worst = 0.0
     for i in rng.sample(range(1, len(g.ids)), 15):

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from streamdedup.wire import CHANGELOG, Batch, decode, encode
-from streamdedup.shard import Shard, ShardPlan
-from streamdedup.tables import TableDesign
+from streamdedup.index.tables import TableDesign
+from streamdedup.pipeline.shard import Shard, ShardPlan
+from streamdedup.pipeline.wire import CHANGELOG, Batch, decode, encode
 
 
 def make_log(pages: int, seed: int, per_record: int) -> list[bytes]:
@@ -36,8 +36,14 @@ def make_log(pages: int, seed: int, per_record: int) -> list[bytes]:
         ids = [f"https://www.example.org/section-{i % 997}/page-{i}.html" for i in range(pages)]
         for s in range(0, pages, per_record):
             e = min(s + per_record, pages)
-            log.append(encode(Batch.build(group=g, fps=fps[s:e], fetched=fetched[s:e], id_hash=hashes[s:e],
-                                          ids=ids[s:e], urls=ids[s:e]), CHANGELOG))
+            log.append(
+                encode(
+                    Batch.build(
+                        group=g, fps=fps[s:e], fetched=fetched[s:e], id_hash=hashes[s:e], ids=ids[s:e], urls=ids[s:e]
+                    ),
+                    CHANGELOG,
+                )
+            )
     return log
 
 
@@ -68,15 +74,27 @@ def main() -> None:
                 store.index.prepare()  # ready to answer: lookup directories built
             load_s = time.perf_counter() - t0
             size = path.stat().st_size
-        res = {"records": len(log), "rows": 4 * args.pages, "pages": args.pages, "seconds": round(elapsed, 2),
-               "records_per_s": round(len(log) / elapsed), "fingerprints_per_s": round(args.pages / elapsed),
-               "shard_entries": len(shard), "snapshot_mb": round(size / 2**20), "snapshot_save_s": round(save_s, 2),
-               "snapshot_load_records_per_s": round(len(log) / load_s),
-               "snapshot_load_fingerprints_per_s": round(args.pages / load_s)}
+        res = {
+            "records": len(log),
+            "rows": 4 * args.pages,
+            "pages": args.pages,
+            "seconds": round(elapsed, 2),
+            "records_per_s": round(len(log) / elapsed),
+            "fingerprints_per_s": round(args.pages / elapsed),
+            "shard_entries": len(shard),
+            "snapshot_mb": round(size / 2**20),
+            "snapshot_save_s": round(save_s, 2),
+            "snapshot_load_records_per_s": round(len(log) / load_s),
+            "snapshot_load_fingerprints_per_s": round(args.pages / load_s),
+        }
         print(json.dumps(res))
         rates.append(res)
-    for key in ("records_per_s", "fingerprints_per_s", "snapshot_load_records_per_s",
-                "snapshot_load_fingerprints_per_s"):
+    for key in (
+        "records_per_s",
+        "fingerprints_per_s",
+        "snapshot_load_records_per_s",
+        "snapshot_load_fingerprints_per_s",
+    ):
         print(f"median {key}: {statistics.median(r[key] for r in rates):,.0f}")
 
 

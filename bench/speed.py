@@ -18,11 +18,11 @@ import statistics
 import time
 from pathlib import Path
 
-from streamdedup.dedup import Deduplicator
-from streamdedup.fingerprint import SIMHASH_WORDS, simhash_texts
-from streamdedup.records import read_jsonl
-from streamdedup.scan import scan_pages
-from streamdedup.text import visible_text
+from streamdedup.engine.dedup import Deduplicator
+from streamdedup.engine.records import read_jsonl
+from streamdedup.engine.scan import scan_pages
+from streamdedup.fingerprinting.pages import SIMHASH_WORDS, simhash_texts
+from streamdedup.fingerprinting.text import visible_text
 
 BATCH = 256
 
@@ -74,9 +74,11 @@ def main() -> None:
     ).encode()
     words = sum(len(t.split()) for t in texts) / len(texts)
     html_kb = sum(len(p["content"]) for p in html_pages) / len(html_pages) / 1024
-    print(f"# {platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}; "
-          f"{len(texts)} pages, {words:.0f} words of text and {html_kb:.1f} KiB of HTML on average; "
-          f"{SIMHASH_WORDS}-word simhash shingles, batches of {BATCH}")
+    print(
+        f"# {platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}; "
+        f"{len(texts)} pages, {words:.0f} words of text and {html_kb:.1f} KiB of HTML on average; "
+        f"{SIMHASH_WORDS}-word simhash shingles, batches of {BATCH}"
+    )
     runs = []
     for _ in range(args.runs):
         r = one_run(html_pages, texts, jsonl_text)

@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -43,14 +43,14 @@ sys.path.insert(0, str(ROOT / "tests"))
 from kafka_broker import LocalKafka  # noqa: E402
 from stream_harness import READY, StreamTopics, WorkerProcess, produce  # noqa: E402
 
-from streamdedup.dedup import Deduplicator  # noqa: E402
-from streamdedup.records import read_jsonl  # noqa: E402
-from streamdedup.scan import scan_pages  # noqa: E402
+from streamdedup.engine.dedup import Deduplicator  # noqa: E402
+from streamdedup.engine.records import read_jsonl  # noqa: E402
+from streamdedup.engine.scan import scan_pages  # noqa: E402
+from streamdedup.pipeline.shard import ShardPlan  # noqa: E402
+from streamdedup.pipeline.wire import CHANGELOG, Batch, encode  # noqa: E402
 from streamdedup.settings import Settings  # noqa: E402
-from streamdedup.shard import ShardPlan  # noqa: E402
 from streamdedup.stream.app import internal_topics, table_design  # noqa: E402
 from streamdedup.stream.run import ensure_topics  # noqa: E402
-from streamdedup.wire import CHANGELOG, Batch, encode  # noqa: E402
 
 SETTLED, ASSIGNED = "[^---Recovery]: Worker ready", "Executing _on_partitions_assigned"
 MAX_RECORD = 1_000_000  # the broker's default message.max.bytes is 1 MiB: larger pages are left out
@@ -62,12 +62,17 @@ WORKERS: list[WorkerProcess] = []  # every worker started, killed at the end if 
 
 def load_pages(path: Path, n: int) -> tuple[list[dict], int]:
     """The first n corpus pages that fit in a Kafka record, as crawler records; and how many did not."""
-    base, out, skipped = datetime(2024, 1, 1, tzinfo=timezone.utc), [], 0
+    base, out, skipped = datetime(2024, 1, 1, tzinfo=UTC), [], 0
     with path.open("rb") as f:
         for line in f:
             p = json.loads(line)
-            rec = {"id": p["id"], "url": p["url"], "content": p["content"], "content_type": "text/html",
-                   "fetched_at": (base + timedelta(seconds=len(out))).strftime("%Y-%m-%dT%H:%M:%SZ")}
+            rec = {
+                "id": p["id"],
+                "url": p["url"],
+                "content": p["content"],
+                "content_type": "text/html",
+                "fetched_at": (base + timedelta(seconds=len(out))).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            }
             if len(json.dumps(rec)) > MAX_RECORD:
                 skipped += 1
                 continue
@@ -94,8 +99,10 @@ async def start_workers(kafka, topics: StreamTopics, workdir: Path, n: int) -> l
     """Start n workers at once; wait until all are Ready and the group has not changed for 2 s."""
     ws = [new_worker(kafka, topics, workdir, f"w{i}") for i in range(n)]
     await asyncio.gather(*(asyncio.to_thread(w.start, 120) for w in ws))
-    while not all(log_times(w, SETTLED) for w in ws) or time.time() - max(
-            t for w in ws for text in (READY, SETTLED) for t in log_times(w, text)) < 2:
+    while (
+        not all(log_times(w, SETTLED) for w in ws)
+        or time.time() - max(t for w in ws for text in (READY, SETTLED) for t in log_times(w, text)) < 2
+    ):
         await asyncio.sleep(0.2)
     return ws
 
@@ -103,15 +110,22 @@ async def start_workers(kafka, topics: StreamTopics, workdir: Path, n: int) -> l
 def log_times(w: WorkerProcess, text: str, since: int = 0) -> list[float]:
     """Epoch times of the worker's log lines (from byte `since`) that contain text."""
     lines = w.log_path.read_bytes()[since:].decode("utf-8", "replace").splitlines()
-    return [time.mktime(time.strptime(m[1], "%Y-%m-%d %H:%M:%S")) + int(m[2]) / 1000
-            for line in lines if text in line and (m := LOG_TIME.match(line))]
+    return [
+        time.mktime(time.strptime(m[1], "%Y-%m-%d %H:%M:%S")) + int(m[2]) / 1000
+        for line in lines
+        if text in line and (m := LOG_TIME.match(line))
+    ]
 
 
 async def stop_all(ws: list[WorkerProcess]) -> int:
     """SIGTERM the workers; the number of warnings, errors and tracebacks in their logs (shown on stderr)."""
     await asyncio.gather(*(asyncio.to_thread(w.__exit__, None, None, None) for w in ws))
-    bad = [f"{w.log_path}: {line}" for w in ws for line in w.log_path.read_text("utf-8", "replace").splitlines()
-           if PROBLEM.search(line) and not BENIGN.search(line)]
+    bad = [
+        f"{w.log_path}: {line}"
+        for w in ws
+        for line in w.log_path.read_text("utf-8", "replace").splitlines()
+        if PROBLEM.search(line) and not BENIGN.search(line)
+    ]
     for line in bad[:20]:
         print("#   " + line[:300], file=sys.stderr)
     return len(bad)
@@ -121,14 +135,20 @@ class Verdicts:
     """A read_committed consumer of a verdicts topic: when each page's first verdict arrived, and what it was."""
 
     def __init__(self, kafka, topic: str) -> None:
-        self.consumer = AIOKafkaConsumer(topic, bootstrap_servers=kafka.bootstrap, group_id=None,
-                                         auto_offset_reset="earliest", isolation_level="read_committed",
-                                         enable_auto_commit=False, fetch_max_wait_ms=50)
+        self.consumer = AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=kafka.bootstrap,
+            group_id=None,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            enable_auto_commit=False,
+            fetch_max_wait_ms=50,
+        )
         self.at: dict[str, float] = {}
         self.verdict: dict[str, str] = {}
         self.received = 0
 
-    async def __aenter__(self) -> "Verdicts":
+    async def __aenter__(self) -> Verdicts:
         await self.consumer.start()
         self.task = asyncio.create_task(self._run())
         return self
@@ -186,19 +206,28 @@ async def backlog(kafka, args, records: list[dict], n_workers: int) -> tuple[dic
     t = sorted(got.at.values())
     lo, hi = int(0.1 * len(t)), int(0.9 * len(t)) - 1
     steady = (hi - lo) / (t[hi] - t[lo]) if t[hi] > t[lo] else float("nan")  # nan: all in one commit
-    return {"per_s": len(t) / (t[-1] - t0), "steady_per_s": steady,
-            "first_verdict_s": t[0] - t0, "duplicates": got.received - len(t),
-            "rebalances": sum(x > t0 for w in ws for x in log_times(w, SETTLED)),
-            "log_problems": await stop_all(ws)}, got.verdict
+    return {
+        "per_s": len(t) / (t[-1] - t0),
+        "steady_per_s": steady,
+        "first_verdict_s": t[0] - t0,
+        "duplicates": got.received - len(t),
+        "rebalances": sum(x > t0 for w in ws for x in log_times(w, SETTLED)),
+        "log_problems": await stop_all(ws),
+    }, got.verdict
 
 
 async def throughput(kafka, args, records: list[dict]) -> dict:
     scan_per_s, scan = scan_rate(records)
     r, stream = await backlog(kafka, args, records, 1)
-    return {"scan_per_s": scan_per_s, "per_s": r.pop("per_s"), "steady_per_s": r.pop("steady_per_s"),
-            "near_duplicates": sum(v == "near_duplicate" for v in stream.values()),
-            "near_duplicates_scan": sum(v == "near_duplicate" for v in scan.values()),
-            "verdicts_differ_from_scan": sum(stream.get(k) != v for k, v in scan.items()), **r}
+    return {
+        "scan_per_s": scan_per_s,
+        "per_s": r.pop("per_s"),
+        "steady_per_s": r.pop("steady_per_s"),
+        "near_duplicates": sum(v == "near_duplicate" for v in stream.values()),
+        "near_duplicates_scan": sum(v == "near_duplicate" for v in scan.values()),
+        "verdicts_differ_from_scan": sum(stream.get(k) != v for k, v in scan.items()),
+        **r,
+    }
 
 
 async def latency(kafka, args, records: list[dict], rate: float) -> dict:
@@ -209,7 +238,7 @@ async def latency(kafka, args, records: list[dict], rate: float) -> dict:
 
     async def send(i: int) -> asyncio.Future:
         r = records[i % len(records)]
-        r = dict(r, id=f"lat{i}-{r['id']}", fetched_at=datetime.now(timezone.utc).isoformat())
+        r = dict(r, id=f"lat{i}-{r['id']}", fetched_at=datetime.now(UTC).isoformat())
         sent[r["id"]] = time.time()
         return await producer.send(topics.pages, json.dumps(r).encode(), key=r["id"].encode())
 
@@ -231,8 +260,16 @@ async def latency(kafka, args, records: list[dict], rate: float) -> dict:
         await producer.stop()
     lat = np.array([got.at[k] - t for k, t in sent.items()])
     p50, p90, p99 = np.percentile(lat[warmup:], [50, 90, 99])
-    return {"rate_per_s": rate, "pages": total, "p50_s": p50, "p90_s": p90, "p99_s": p99,
-            "max_s": lat[warmup:].max(), "warmup_max_s": lat[:warmup].max(), "log_problems": await stop_all(ws)}
+    return {
+        "rate_per_s": rate,
+        "pages": total,
+        "p50_s": p50,
+        "p90_s": p90,
+        "p99_s": p99,
+        "max_s": lat[warmup:].max(),
+        "warmup_max_s": lat[:warmup].max(),
+        "log_problems": await stop_all(ws),
+    }
 
 
 async def write_changelog(kafka, settings: Settings, pages: int, per_record: int) -> tuple[int, int]:
@@ -252,12 +289,20 @@ async def write_changelog(kafka, settings: Settings, pages: int, per_record: int
         for p in range(settings.partitions):
             rows = np.flatnonzero(dest == p)
             for s in range(0, len(rows), per_record):
-                page, group = np.divmod(rows[s: s + per_record], plan.n_groups)
-                value = encode(Batch.build(group=group, fps=fps[page], fetched=fetched[page], id_hash=id_hash[page],
-                                           ids=[ids[i] for i in page], urls=[urls[i] for i in page]), CHANGELOG)
+                page, group = np.divmod(rows[s : s + per_record], plan.n_groups)
+                value = encode(
+                    Batch.build(
+                        group=group,
+                        fps=fps[page],
+                        fetched=fetched[page],
+                        id_hash=id_hash[page],
+                        ids=[ids[i] for i in page],
+                        urls=[urls[i] for i in page],
+                    ),
+                    CHANGELOG,
+                )
                 key = struct.pack("<I", p) + writer + struct.pack("<Q", len(futures))  # unique, as the worker's
-                futures.append(await producer.send(internal_topics(settings)["changelog"], value, key=key,
-                                                   partition=p))
+                futures.append(await producer.send(internal_topics(settings)["changelog"], value, key=key, partition=p))
                 nbytes += len(value)
         await asyncio.gather(*futures)
     finally:
@@ -296,10 +341,16 @@ async def recovery(kafka, args) -> dict:
     w = new_worker(kafka, topics, args.workdir)
     for kind in ("replay", "snapshot"):  # the second start loads the snapshots the first wrote on SIGTERM
         total, span = await timed_start(w)
-        out.update({f"{kind}_s": total - startup, f"{kind}_rows_per_s": rows / (total - startup),
-                    f"{kind}_pages_per_s": rows / groups / (total - startup), f"{kind}_log_s": span - assign,
-                    f"{kind}_log_rows_per_s": rows / (span - assign),
-                    f"{kind}_restored_rows": await asyncio.to_thread(shard_rows, w)})
+        out.update(
+            {
+                f"{kind}_s": total - startup,
+                f"{kind}_rows_per_s": rows / (total - startup),
+                f"{kind}_pages_per_s": rows / groups / (total - startup),
+                f"{kind}_log_s": span - assign,
+                f"{kind}_log_rows_per_s": rows / (span - assign),
+                f"{kind}_restored_rows": await asyncio.to_thread(shard_rows, w),
+            }
+        )
         t0 = time.monotonic()
         await asyncio.to_thread(w.stop, 300)
         out[f"{kind}_stop_s"] = time.monotonic() - t0  # includes writing a snapshot of every shard
@@ -351,12 +402,14 @@ def main() -> None:
     kafka = LocalKafka(name=f"bench-{os.getpid()}").start()
     try:
         cpus = os.cpu_count()
-        print(f"# {platform.machine()}, {cpus} cpus, Python {platform.python_version()}, Kafka {kafka.version} (the "
-              f"broker, the workers and this script share the {cpus} cpus); {len(records)} pages, {kib:.1f} KiB of "
-              f"HTML on average ({skipped} over {MAX_RECORD:,} bytes left out); {args.partitions} partitions",
-              flush=True)
+        print(
+            f"# {platform.machine()}, {cpus} cpus, Python {platform.python_version()}, Kafka {kafka.version} (the "
+            f"broker, the workers and this script share the {cpus} cpus); {len(records)} pages, {kib:.1f} KiB of "
+            f"HTML on average ({skipped} over {MAX_RECORD:,} bytes left out); {args.partitions} partitions",
+            flush=True,
+        )
         asyncio.run(backlog(kafka, args, records[:20], 1))  # not measured: a new broker's first group and
-        runs = []                                           # first transaction create its internal topics
+        runs = []  # first transaction create its internal topics
         for _ in range(args.runs):
             runs.append(asyncio.run(one_run(kafka, args, records)))
             print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in runs[-1].items()}), flush=True)

@@ -16,13 +16,13 @@ aiokafka: use it offline, from a notebook or a batch job.
 
 __version__ = "0.1.0"
 
-from .dedup import Deduplicator, Verdict
-from .fingerprint import fingerprint
-from .index import HammingIndex
-from .lsh import LSHIndex
-from .minhash import MinHash, minhash_signature
-from .simhash import hamming
-from .tables import TableDesign
+from streamdedup.engine.dedup import Deduplicator, Verdict
+from streamdedup.fingerprinting.minhash import MinHash, minhash_signature
+from streamdedup.fingerprinting.pages import fingerprint
+from streamdedup.fingerprinting.simhash import hamming
+from streamdedup.index.hamming import HammingIndex
+from streamdedup.index.lsh import LSHIndex
+from streamdedup.index.tables import TableDesign
 
 __all__ = [
     "__version__",

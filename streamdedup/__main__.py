@@ -1,5 +1,5 @@
 """``python -m streamdedup``: the command line."""
 
-from .cli import main
+from streamdedup.cli import main
 
 main()

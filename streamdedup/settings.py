@@ -6,12 +6,12 @@ one table.  Flags override the environment, which overrides the defaults.  Modul
 ``os.environ``: only the CLI passes it to :meth:`Settings.from_sources`.
 
 >>> s = Settings.from_sources({"k": "2"}, {"STREAMDEDUP_BROKERS": "kafka://a:9092, b:9093"})
->>> s.k, s.brokers, s.faust_broker_url()
-(2, ('a:9092', 'b:9093'), 'kafka://a:9092;b:9093')
+>>> s.k, s.brokers
+(2, ('a:9092', 'b:9093'))
 >>> Settings.from_sources({"k": "40"}, {})
 Traceback (most recent call last):
 ...
-streamdedup.settings.SettingsError: --k / STREAMDEDUP_K: 40 is out of range; use a small number of bits such as 3 (0..16)
+streamdedup.errors.SettingsError: --k / STREAMDEDUP_K: 40 is out of range; use a small number of bits such as 3 (0..16)
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .dedup import ALGORITHMS
-from .records import DEFAULT_MAX_PAGE_BYTES
-from .tables import DESIGNS
+from streamdedup.engine.dedup import ALGORITHMS
+from streamdedup.engine.records import DEFAULT_MAX_PAGE_BYTES
+from streamdedup.errors import SettingsError
+from streamdedup.index.tables import DESIGNS
 
 __all__ = ["ENV_ALLOWLIST", "ENV_PREFIX", "Settings", "SettingsError"]
 
@@ -41,10 +42,6 @@ SASL_PROTOCOLS = ("SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 MASK = "***"
 TOPIC_FIELDS = ("pages_topic", "unique_topic", "near_duplicate_topic", "verdicts_topic", "dead_letter_topic")
-
-
-class SettingsError(ValueError):
-    """A setting is invalid; the message names the flag and the env var and says how to fix it."""
 
 
 # ---------------------------------------------------------------------------- parsers
@@ -114,8 +111,9 @@ def _topic(max_len: int = 249) -> Parser:
     def parse(v: Any) -> str:
         s = str(v).strip()
         if not re.fullmatch(rf"[a-zA-Z0-9._-]{{1,{max_len}}}", s) or s in (".", ".."):
-            raise ValueError(f"{s!r} is not a valid Kafka topic name; use 1..{max_len} of a-z A-Z 0-9 . _ -"
-                             " (not '.' or '..')")
+            raise ValueError(
+                f"{s!r} is not a valid Kafka topic name; use 1..{max_len} of a-z A-Z 0-9 . _ - (not '.' or '..')"
+            )
         return s
 
     return parse
@@ -124,7 +122,7 @@ def _topic(max_len: int = 249) -> Parser:
 def _brokers(v: Any) -> tuple[str, ...]:
     out = []
     for item in (str(i).strip() for i in (v.split(",") if isinstance(v, str) else v)):
-        item = item[len("kafka://"):] if item.lower().startswith("kafka://") else item
+        item = item[len("kafka://") :] if item.lower().startswith("kafka://") else item
         host, sep, port = item.rpartition(":")  # rpartition: "[::1]:9092" works too
         if item and (not host or not port.isdigit() or not 1 <= int(port) <= 65535):
             raise ValueError(f"{item!r} is not host:port; use e.g. 127.0.0.1:9092 (port 1..65535)")
@@ -153,8 +151,10 @@ def _optional(parse: Parser) -> Parser:
 
 def _f(flag: str, default: Any, help: str, parse: Parser, metavar: str, *, secret: bool = False) -> Any:
     env = ENV_PREFIX + flag.removeprefix("--").replace("-", "_").upper()
-    return field(default=default, metadata={"flag": flag, "env": env, "help": help, "parse": parse,
-                                            "metavar": metavar, "secret": secret})
+    return field(
+        default=default,
+        metadata={"flag": flag, "env": env, "help": help, "parse": parse, "metavar": metavar, "secret": secret},
+    )
 
 
 _FILE = _optional(_readable_file)
@@ -167,77 +167,168 @@ _FILE = _optional(_readable_file)
 class Settings:
     """All of streamdedup's configuration; see the module docstring."""
 
-    brokers: tuple[str, ...] = _f("--brokers", ("127.0.0.1:9092",), "Kafka bootstrap servers, comma-"
-                                  "separated host:port (kafka:// allowed).", _brokers, "HOST:PORT,...")
-    app_id: str = _f("--app-id", "streamdedup", "Consumer group id and faust app id; also the prefix of "
-                     "internal topics.", _topic(200), "NAME")  # 200: room for faust's topic suffixes
+    brokers: tuple[str, ...] = _f(
+        "--brokers",
+        ("127.0.0.1:9092",),
+        "Kafka bootstrap servers, comma-separated host:port (kafka:// allowed).",
+        _brokers,
+        "HOST:PORT,...",
+    )
+    app_id: str = _f(
+        "--app-id",
+        "streamdedup",
+        "Consumer group id and faust app id; also the prefix of internal topics.",
+        _topic(200),
+        "NAME",
+    )  # 200: room for faust's topic suffixes
     pages_topic: str = _f("--pages-topic", "pages", "Topic of incoming pages.", _topic(), "TOPIC")
     unique_topic: str = _f("--unique-topic", "pages.unique", "Topic for unique pages.", _topic(), "TOPIC")
-    near_duplicate_topic: str = _f("--near-duplicate-topic", "pages.near-duplicate",
-                                   "Topic for near-duplicate pages.", _topic(), "TOPIC")
+    near_duplicate_topic: str = _f(
+        "--near-duplicate-topic", "pages.near-duplicate", "Topic for near-duplicate pages.", _topic(), "TOPIC"
+    )
     verdicts_topic: str = _f("--verdicts-topic", "pages.verdicts", "Topic for verdicts.", _topic(), "TOPIC")
-    dead_letter_topic: str = _f("--dead-letter-topic", "pages.dead-letter", "Topic for bad records, "
-                                "with the reason.", _topic(), "TOPIC")
-    partitions: int = _f("--partitions", 8, "Partitions of the pages topic and the internal shard topics.",
-                         _int(1, None, "use at least 1, e.g. 8"), "INT")
-    replication_factor: int = _f("--replication-factor", 1, "Replication factor of created topics.",
-                                 _int(1, 32767, "use 1 for one broker, 3 in production"), "INT")
-    algorithm: str = _f("--algorithm", "simhash", "Near-duplicate test.", _choice(ALGORITHMS),
-                        "|".join(ALGORITHMS))
-    k: int = _f("--k", 3, "simhash: pages within k bits are near-duplicates.",
-                _int(0, 16, "use a small number of bits such as 3"), "INT")
-    design: str | None = _f("--design", None, "Manku table design for k=3 (number of tables); default 16.",
-                            _optional(_choice(DESIGNS)), "|".join(DESIGNS))
-    threshold: float = _f("--threshold", 0.8, "minhash/combined: resemblance needed for a near-duplicate.",
-                          _float(0, 1, "use a similarity such as 0.8"), "FLOAT")
-    num_perm: int = _f("--num-perm", 128, "minhash/combined: hash functions per signature.",
-                       _int(16, 1024, "use e.g. 128"), "INT")
-    max_page_bytes: int = _f("--max-page-bytes", DEFAULT_MAX_PAGE_BYTES, "Larger pages go to the "
-                             "dead-letter topic.", _int(1024, None, "use e.g. 5242880 (5 MiB)"), "BYTES")
-    batch_size: int = _f("--batch-size", 500, "Pages judged per batch.", _int(1, 100_000, "use e.g. 500"),
-                         "INT")
-    batch_timeout: float = _f("--batch-timeout", 0.05, "Seconds to wait for a batch to fill.",
-                              _float(0, None, "use e.g. 0.05 seconds"), "SECONDS")
-    fingerprint_processes: int = _f("--fingerprint-processes", 1, "Processes that extract the text and "
-                                    "fingerprint pages while the worker's event loop talks to Kafka (0: in the "
-                                    "event loop).", _int(0, 64, "use 1, or more on a machine with cores to spare"),
-                                    "INT")
+    dead_letter_topic: str = _f(
+        "--dead-letter-topic", "pages.dead-letter", "Topic for bad records, with the reason.", _topic(), "TOPIC"
+    )
+    partitions: int = _f(
+        "--partitions",
+        8,
+        "Partitions of the pages topic and the internal shard topics.",
+        _int(1, None, "use at least 1, e.g. 8"),
+        "INT",
+    )
+    replication_factor: int = _f(
+        "--replication-factor",
+        1,
+        "Replication factor of created topics.",
+        _int(1, 32767, "use 1 for one broker, 3 in production"),
+        "INT",
+    )
+    algorithm: str = _f("--algorithm", "simhash", "Near-duplicate test.", _choice(ALGORITHMS), "|".join(ALGORITHMS))
+    k: int = _f(
+        "--k",
+        3,
+        "simhash: pages within k bits are near-duplicates.",
+        _int(0, 16, "use a small number of bits such as 3"),
+        "INT",
+    )
+    design: str | None = _f(
+        "--design",
+        None,
+        "Manku table design for k=3 (number of tables); default 16.",
+        _optional(_choice(DESIGNS)),
+        "|".join(DESIGNS),
+    )
+    threshold: float = _f(
+        "--threshold",
+        0.8,
+        "minhash/combined: resemblance needed for a near-duplicate.",
+        _float(0, 1, "use a similarity such as 0.8"),
+        "FLOAT",
+    )
+    num_perm: int = _f(
+        "--num-perm", 128, "minhash/combined: hash functions per signature.", _int(16, 1024, "use e.g. 128"), "INT"
+    )
+    max_page_bytes: int = _f(
+        "--max-page-bytes",
+        DEFAULT_MAX_PAGE_BYTES,
+        "Larger pages go to the dead-letter topic.",
+        _int(1024, None, "use e.g. 5242880 (5 MiB)"),
+        "BYTES",
+    )
+    batch_size: int = _f("--batch-size", 500, "Pages judged per batch.", _int(1, 100_000, "use e.g. 500"), "INT")
+    batch_timeout: float = _f(
+        "--batch-timeout",
+        0.05,
+        "Seconds to wait for a batch to fill.",
+        _float(0, None, "use e.g. 0.05 seconds"),
+        "SECONDS",
+    )
+    fingerprint_processes: int = _f(
+        "--fingerprint-processes",
+        1,
+        "Processes that extract the text and "
+        "fingerprint pages while the worker's event loop talks to Kafka (0: in the "
+        "event loop).",
+        _int(0, 64, "use 1, or more on a machine with cores to spare"),
+        "INT",
+    )
     web_host: str = _f("--web-host", "127.0.0.1", "Bind address of the web server (/metrics).", _text, "HOST")
-    web_port: int = _f("--web-port", 6066, "Port of the web server (/metrics).",
-                       _int(1, 65535, "use a free TCP port such as 6066"), "PORT")
-    data_dir: Path = _f("--data-dir", Path("streamdedup-data"), "Directory for local shard snapshots.", _path,
-                        "DIR")
-    snapshot_interval: float = _f("--snapshot-interval", 300.0, "Seconds between local shard snapshots (a "
-                                  "restart replays only the changelog after the last one).",
-                                  _float(0, None, "use e.g. 300 seconds"), "SECONDS")
-    standby_replicas: int = _f("--standby-replicas", 0, "Warm copies of each shard on other workers (each "
-                               "costs the shard's memory again).", _int(0, 3, "use 0, or 1 for faster failover"),
-                               "INT")
-    index_memory_limit: int = _f("--index-memory-limit", 0, "Bytes the index may use on one worker, for the "
-                                 "alert on memory (0: no limit).", _int(0, None, "use e.g. 4294967296 (4 GiB)"),
-                                 "BYTES")
-    log_level: str = _f("--log-level", "info", "Logging level.", _choice(("debug", "info", "warning", "error")),
-                        "debug|info|warning|error")
-    security_protocol: str = _f("--security-protocol", "PLAINTEXT", "How to talk to Kafka.",
-                                _choice(("PLAINTEXT", "SSL", *SASL_PROTOCOLS), str.upper),
-                                "PLAINTEXT|SSL|SASL_PLAINTEXT|SASL_SSL")
-    sasl_mechanism: str | None = _f("--sasl-mechanism", None, "SASL mechanism (SASL_* protocols only).",
-                                    _optional(_choice(SASL_MECHANISMS, str.upper)), "|".join(SASL_MECHANISMS))
+    web_port: int = _f(
+        "--web-port",
+        6066,
+        "Port of the web server (/metrics).",
+        _int(1, 65535, "use a free TCP port such as 6066"),
+        "PORT",
+    )
+    data_dir: Path = _f("--data-dir", Path("streamdedup-data"), "Directory for local shard snapshots.", _path, "DIR")
+    snapshot_interval: float = _f(
+        "--snapshot-interval",
+        300.0,
+        "Seconds between local shard snapshots (a restart replays only the changelog after the last one).",
+        _float(0, None, "use e.g. 300 seconds"),
+        "SECONDS",
+    )
+    standby_replicas: int = _f(
+        "--standby-replicas",
+        0,
+        "Warm copies of each shard on other workers (each costs the shard's memory again).",
+        _int(0, 3, "use 0, or 1 for faster failover"),
+        "INT",
+    )
+    index_memory_limit: int = _f(
+        "--index-memory-limit",
+        0,
+        "Bytes the index may use on one worker, for the alert on memory (0: no limit).",
+        _int(0, None, "use e.g. 4294967296 (4 GiB)"),
+        "BYTES",
+    )
+    log_level: str = _f(
+        "--log-level",
+        "info",
+        "Logging level.",
+        _choice(("debug", "info", "warning", "error")),
+        "debug|info|warning|error",
+    )
+    security_protocol: str = _f(
+        "--security-protocol",
+        "PLAINTEXT",
+        "How to talk to Kafka.",
+        _choice(("PLAINTEXT", "SSL", *SASL_PROTOCOLS), str.upper),
+        "PLAINTEXT|SSL|SASL_PLAINTEXT|SASL_SSL",
+    )
+    sasl_mechanism: str | None = _f(
+        "--sasl-mechanism",
+        None,
+        "SASL mechanism (SASL_* protocols only).",
+        _optional(_choice(SASL_MECHANISMS, str.upper)),
+        "|".join(SASL_MECHANISMS),
+    )
     sasl_username: str | None = _f("--sasl-username", None, "SASL user name.", _optional(_text), "USER")
-    sasl_password: str | None = _f("--sasl-password", None, "SASL password; prefer the env var or "
-                                   "--sasl-password-file (flags show in the process list).",
-                                   _optional(str), "PASSWORD", secret=True)
-    sasl_password_file: Path | None = _f("--sasl-password-file", None, "File holding the SASL password, "
-                                         "read once at start.", _FILE, "FILE")
-    ssl_cafile: Path | None = _f("--ssl-cafile", None, "PEM CA bundle to verify the brokers "
-                                 "(default: the system CAs).", _FILE, "FILE")
-    ssl_certfile: Path | None = _f("--ssl-certfile", None, "PEM client certificate (with --ssl-keyfile).",
-                                   _FILE, "FILE")
+    sasl_password: str | None = _f(
+        "--sasl-password",
+        None,
+        "SASL password; prefer the env var or --sasl-password-file (flags show in the process list).",
+        _optional(str),
+        "PASSWORD",
+        secret=True,
+    )
+    sasl_password_file: Path | None = _f(
+        "--sasl-password-file", None, "File holding the SASL password, read once at start.", _FILE, "FILE"
+    )
+    ssl_cafile: Path | None = _f(
+        "--ssl-cafile", None, "PEM CA bundle to verify the brokers (default: the system CAs).", _FILE, "FILE"
+    )
+    ssl_certfile: Path | None = _f(
+        "--ssl-certfile", None, "PEM client certificate (with --ssl-keyfile).", _FILE, "FILE"
+    )
     ssl_keyfile: Path | None = _f("--ssl-keyfile", None, "PEM client key (with --ssl-certfile).", _FILE, "FILE")
-    ssl_key_password: str | None = _f("--ssl-key-password", None, "Password of --ssl-keyfile.",
-                                      _optional(str), "PASSWORD", secret=True)
-    ssl_check_hostname: bool = _f("--ssl-check-hostname", True, "Check that the broker certificate names "
-                                  "the broker host.", _bool, "BOOL")
+    ssl_key_password: str | None = _f(
+        "--ssl-key-password", None, "Password of --ssl-keyfile.", _optional(str), "PASSWORD", secret=True
+    )
+    ssl_check_hostname: bool = _f(
+        "--ssl-check-hostname", True, "Check that the broker certificate names the broker host.", _bool, "BOOL"
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -251,50 +342,70 @@ class Settings:
         for name in TOPIC_FIELDS:
             # Kafka refuses topics that differ only in '.' vs '_' (their metric names collide).
             if (key := getattr(self, name).replace(".", "_")) in seen:
-                raise _error(name, f"{getattr(self, name)!r} is also used by {_meta(seen[key])['flag']}; "
-                                   "give every topic its own name")
+                raise _error(
+                    name,
+                    f"{getattr(self, name)!r} is also used by {_meta(seen[key])['flag']}; "
+                    "give every topic its own name",
+                )
             seen[key] = name
         protocol = self.security_protocol
         sasl, tls = protocol in SASL_PROTOCOLS, protocol in SSL_PROTOCOLS
-        for name, needed in (("sasl_mechanism", "use SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN"),
-                             ("sasl_username", "give the user name"),
-                             ("sasl_password", "set STREAMDEDUP_SASL_PASSWORD or use --sasl-password-file")):
+        for name, needed in (
+            ("sasl_mechanism", "use SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN"),
+            ("sasl_username", "give the user name"),
+            ("sasl_password", "set STREAMDEDUP_SASL_PASSWORD or use --sasl-password-file"),
+        ):
             if sasl and getattr(self, name) is None:
                 raise _error(name, f"is required with {protocol}; {needed}")
-        for name in ("sasl_mechanism", "sasl_username", "sasl_password", "sasl_password_file", "ssl_cafile",
-                     "ssl_certfile", "ssl_keyfile", "ssl_key_password"):
+        for name in (
+            "sasl_mechanism",
+            "sasl_username",
+            "sasl_password",
+            "sasl_password_file",
+            "ssl_cafile",
+            "ssl_certfile",
+            "ssl_keyfile",
+            "ssl_key_password",
+        ):
             kind, on = ("SASL", sasl) if name.startswith("sasl") else ("SSL", tls)
             if not on and getattr(self, name) is not None:
-                raise _error(name, f"is only used with {kind} security protocols, not {protocol}; "
-                             "set --security-protocol or drop it")
+                raise _error(
+                    name,
+                    f"is only used with {kind} security protocols, not {protocol}; set --security-protocol or drop it",
+                )
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
-            raise _error("ssl_keyfile" if self.ssl_keyfile is None else "ssl_certfile",
-                         "is missing; --ssl-certfile and --ssl-keyfile come together")
+            raise _error(
+                "ssl_keyfile" if self.ssl_keyfile is None else "ssl_certfile",
+                "is missing; --ssl-certfile and --ssl-keyfile come together",
+            )
         if self.ssl_key_password is not None and self.ssl_keyfile is None:
             raise _error("ssl_key_password", "needs --ssl-keyfile; give the key or drop the password")
         if tls:  # load the PEM files now: a bad file fails at start with a message, not at connect
-            from aiokafka.helpers import create_ssl_context
-
             try:
-                create_ssl_context(cafile=self.ssl_cafile)
+                ssl.create_default_context(cafile=self.ssl_cafile)
             except (ssl.SSLError, OSError) as e:
-                raise _error("ssl_cafile", f"cannot load CA certificates ({e}); use a PEM file of "
-                             "CA certificates") from None
+                raise _error(
+                    "ssl_cafile", f"cannot load CA certificates ({e}); use a PEM file of CA certificates"
+                ) from None
             try:
                 self.ssl_context()
             except (ssl.SSLError, OSError) as e:
-                raise _error("ssl_certfile", f"cannot load it with --ssl-keyfile ({e}); use a PEM "
-                             "certificate, its key, and --ssl-key-password if the key is encrypted") from None
+                raise _error(
+                    "ssl_certfile",
+                    f"cannot load it with --ssl-keyfile ({e}); use a PEM "
+                    "certificate, its key, and --ssl-key-password if the key is encrypted",
+                ) from None
 
     @classmethod
-    def from_sources(cls, flags: Mapping[str, Any], env: Mapping[str, str], *,
-                     allow_env: Collection[str] = ENV_ALLOWLIST) -> Settings:
+    def from_sources(
+        cls, flags: Mapping[str, Any], env: Mapping[str, str], *, allow_env: Collection[str] = ENV_ALLOWLIST
+    ) -> Settings:
         """Flags (keyed by field name; None = not given) override ``env``, which overrides defaults.
 
         >>> Settings.from_sources({}, {"STREAMDEDUP_KAY": "3"})
         Traceback (most recent call last):
         ...
-        streamdedup.settings.SettingsError: STREAMDEDUP_KAY is not a streamdedup setting; did you mean STREAMDEDUP_K? ...
+        streamdedup.errors.SettingsError: STREAMDEDUP_KAY is not a streamdedup setting; did you mean STREAMDEDUP_K? ...
         """
         specs = {f.name: f.metadata for f in fields(cls)}
         if unknown := sorted(set(flags) - set(specs)):
@@ -303,15 +414,22 @@ class Settings:
         for var in sorted(env):
             if var.startswith(ENV_PREFIX) and var not in known and var not in allow_env:
                 close = difflib.get_close_matches(var, known, n=1)
-                raise SettingsError(f"{var} is not a streamdedup setting; "
-                                    + (f"did you mean {close[0]}? " if close else "")
-                                    + f"unset it or use one of: {', '.join(known)}")
-        raw = {name: flags[name] if flags.get(name) is not None else env[meta["env"]]
-               for name, meta in specs.items() if flags.get(name) is not None or meta["env"] in env}
+                raise SettingsError(
+                    f"{var} is not a streamdedup setting; "
+                    + (f"did you mean {close[0]}? " if close else "")
+                    + f"unset it or use one of: {', '.join(known)}"
+                )
+        raw = {
+            name: flags[name] if flags.get(name) is not None else env[meta["env"]]
+            for name, meta in specs.items()
+            if flags.get(name) is not None or meta["env"] in env
+        }
         if (path := _parse("sasl_password_file", raw.get("sasl_password_file"))) is not None:
             if _optional(str)(raw.get("sasl_password")) is not None:
-                raise _error("sasl_password_file", "and --sasl-password / STREAMDEDUP_SASL_PASSWORD are "
-                             "both set; use only one of them")
+                raise _error(
+                    "sasl_password_file",
+                    "and --sasl-password / STREAMDEDUP_SASL_PASSWORD are both set; use only one of them",
+                )
             try:
                 raw["sasl_password"] = path.read_text(encoding="utf-8").rstrip("\r\n")
             except (OSError, UnicodeDecodeError) as e:
@@ -338,48 +456,26 @@ class Settings:
         """A new client context for SSL / SASL_SSL (system CAs unless ``ssl_cafile``), else None."""
         if self.security_protocol not in SSL_PROTOCOLS:
             return None
-        from aiokafka.helpers import create_ssl_context
-
-        ctx = create_ssl_context(cafile=self.ssl_cafile, certfile=self.ssl_certfile, keyfile=self.ssl_keyfile,
-                                 # never None: OpenSSL would prompt on the terminal for an encrypted key
-                                 password=self.ssl_key_password or "")
+        # The standard library's verified client context (aiokafka's create_ssl_context builds the same).
+        ctx = ssl.create_default_context(cafile=self.ssl_cafile)
+        if self.ssl_certfile is not None:
+            # never None: OpenSSL would prompt on the terminal for an encrypted key
+            ctx.load_cert_chain(self.ssl_certfile, self.ssl_keyfile, password=self.ssl_key_password or "")
         ctx.check_hostname = self.ssl_check_hostname  # the chain is verified either way
         return ctx
 
     def aiokafka_kwargs(self) -> dict[str, Any]:
         """Connection kwargs for AIOKafkaProducer / AIOKafkaConsumer / AIOKafkaAdminClient."""
-        kw: dict[str, Any] = {"bootstrap_servers": list(self.brokers),
-                              "security_protocol": self.security_protocol}
+        kw: dict[str, Any] = {"bootstrap_servers": list(self.brokers), "security_protocol": self.security_protocol}
         if self.security_protocol in SASL_PROTOCOLS:
-            kw.update(sasl_mechanism=self.sasl_mechanism, sasl_plain_username=self.sasl_username,
-                      sasl_plain_password=self.sasl_password)
+            kw.update(
+                sasl_mechanism=self.sasl_mechanism,
+                sasl_plain_username=self.sasl_username,
+                sasl_plain_password=self.sasl_password,
+            )
         if self.security_protocol in SSL_PROTOCOLS:
             kw["ssl_context"] = self.ssl_context()
         return kw
-
-    def faust_broker_url(self) -> str:
-        """For ``faust.App(broker=...)``: ``kafka://h1:p1;h2:p2``."""
-        return "kafka://" + ";".join(self.brokers)
-
-    def faust_credentials(self) -> Any:
-        """For ``faust.App(broker_credentials=...)``: SASLCredentials, SSLCredentials or None.
-
-        faust (``credentials_to_aiokafka_auth``) turns them back into aiokafka's security_protocol,
-        sasl_* and ssl_context kwargs.  SASLCredentials means SASL_SSL only when it has an
-        ssl_context, so SASL_SSL always passes one; SSLCredentials needs its context explicitly.
-        Also pass ``env={}`` to faust.App: faust reads BROKER_URL etc. from os.environ and lets
-        them override the App's arguments.
-        """
-        if self.security_protocol == "PLAINTEXT":
-            return None
-        import faust  # lazily: settings import without faust
-        from faust.types.auth import SASLMechanism
-
-        if self.security_protocol == "SSL":
-            return faust.SSLCredentials(self.ssl_context())
-        return faust.SASLCredentials(username=self.sasl_username, password=self.sasl_password,
-                                     mechanism=SASLMechanism(self.sasl_mechanism),
-                                     ssl_context=self.ssl_context())
 
 
 def _meta(name: str) -> Mapping[str, Any]:

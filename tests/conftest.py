@@ -4,7 +4,6 @@ started once per session from deploy/local/kafka.sh; it is never skipped for bei
 from __future__ import annotations
 
 import pytest
-
 from kafka_broker import LocalKafka  # tests/ is on sys.path (pytest's rootdir-relative import)
 
 

@@ -72,15 +72,17 @@ def dashboard_queries(instance: str = ".*") -> list[tuple[str, str, str]]:
     """(panel title, refId, PromQL with the variables replaced) for every query of the dashboard."""
     d = load_dashboard()
     values = dashboard_variables(d, instance)
-    return [(p["title"], t["refId"], substitute(t["expr"], values))
-            for p in iter_panels(d["panels"]) for t in p.get("targets", [])]
+    return [
+        (p["title"], t["refId"], substitute(t["expr"], values))
+        for p in iter_panels(d["panels"])
+        for t in p.get("targets", [])
+    ]
 
 
 # ---------------------------------------------------------------------------- prometheus
 
 
-def local_prometheus_config(targets: list[str], *, scrape_interval: str = "1s",
-                            evaluation_interval: str = "1s") -> str:
+def local_prometheus_config(targets: list[str], *, scrape_interval: str = "1s", evaluation_interval: str = "1s") -> str:
     """``deploy/prometheus/prometheus.yml`` scraping ``targets`` (e.g. ``["127.0.0.1:6066"]``) as job
     streamdedup, with its rule files by absolute path, for a Prometheus run from a temporary dir."""
     config = yaml.safe_load(PROMETHEUS_CONFIG.read_text(encoding="utf-8"))
@@ -105,8 +107,21 @@ def iter_rules() -> Iterator[dict[str, Any]]:
 
 # ---------------------------------------------------------------------------- PromQL lexing
 
-_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool",
-             "offset", "inf", "nan"}
+_KEYWORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "and",
+    "or",
+    "unless",
+    "bool",
+    "offset",
+    "inf",
+    "nan",
+}
 _GROUPING = r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)"
 
 
@@ -127,7 +142,7 @@ def promql_metric_names(expr: str) -> set[str]:
         before = s[m.start() - 1] if m.start() else " "
         if before.isdigit() or before in ".$":  # 1e3, 0.5e-3, a leftover $variable
             continue
-        if s[m.end():].lstrip().startswith("(") or m.group(0).lower() in _KEYWORDS:
+        if s[m.end() :].lstrip().startswith("(") or m.group(0).lower() in _KEYWORDS:
             continue  # a function or aggregation, or a keyword
         names.add(m.group(0))
     return names
@@ -136,8 +151,11 @@ def promql_metric_names(expr: str) -> set[str]:
 def promql_label_names(expr: str) -> set[str]:
     """Label names used in matchers and in by/without/on/ignoring/group_* clauses."""
     s = _strip_strings(expr)
-    names = {n for block in re.findall(r"\{([^}]*)\}", s)
-             for n in re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)", block)}
+    names = {
+        n
+        for block in re.findall(r"\{([^}]*)\}", s)
+        for n in re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)", block)
+    }
     names |= {n.strip() for block in re.findall(_GROUPING, s) for n in block.split(",") if n.strip()}
     return names
 
@@ -151,9 +169,13 @@ def promql_label_values(expr: str, label: str) -> set[str]:
 
 
 def _series_names(family_name: str, kind: str) -> set[str]:
-    suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created"),
-                "summary": ("", "_sum", "_count", "_created"), "info": ("_info",),
-                "gaugehistogram": ("_bucket", "_gsum", "_gcount")}.get(kind, ("",))
+    suffixes = {
+        "counter": ("_total", "_created"),
+        "histogram": ("_bucket", "_sum", "_count", "_created"),
+        "summary": ("", "_sum", "_count", "_created"),
+        "info": ("_info",),
+        "gaugehistogram": ("_bucket", "_gsum", "_gcount"),
+    }.get(kind, ("",))
     return {family_name + s for s in suffixes}
 
 
@@ -182,8 +204,11 @@ def known_metrics() -> dict[str, set[str]]:
     ours = Metrics.create(CollectorRegistry())
     faust = FaustMetrics.create(CollectorRegistry(), FAUST_PREFIX.replace("-", "_").replace(".", "_"))
     registry = CollectorRegistry()
-    defaults = [ProcessCollector(registry=registry), PlatformCollector(registry=registry),
-                GCCollector(registry=registry)]
+    defaults = [
+        ProcessCollector(registry=registry),
+        PlatformCollector(registry=registry),
+        GCCollector(registry=registry),
+    ]
     out = _collector_metrics([getattr(ours, f.name) for f in fields(ours)])
     out |= _collector_metrics(list(faust))
     out |= _collector_metrics(defaults)

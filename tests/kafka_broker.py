@@ -33,8 +33,9 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEPLOY_DIR = REPO_ROOT / "deploy" / "local"
@@ -235,7 +236,7 @@ class LocalKafka:
         if proc.returncode != 0:
             raise KafkaBrokerError(f"deploy/local/kafka.sh install failed:\n{proc.stdout}")
 
-    def start(self) -> "LocalKafka":
+    def start(self) -> LocalKafka:
         if self.started:
             return self
         self.install()
@@ -291,7 +292,7 @@ class LocalKafka:
                 timeout=60,
             )
 
-    def __enter__(self) -> "LocalKafka":
+    def __enter__(self) -> LocalKafka:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -357,7 +358,9 @@ class LocalKafka:
                 err_cls = errors.for_code(code)
                 if exist_ok and err_cls is errors.TopicAlreadyExistsError:
                     continue
-                raise err_cls(f"create_topic({topic_error['topic']!r}): {topic_error.get('error_message') or err_cls.__name__}")
+                raise err_cls(
+                    f"create_topic({topic_error['topic']!r}): {topic_error.get('error_message') or err_cls.__name__}"
+                )
 
             deadline = time.monotonic() + timeout
             while True:

@@ -47,10 +47,12 @@ def _words(seed: str, n: int = 220) -> list[str]:
 
 
 def _page(title: str, words: list[str], chrome: str, head: str = "") -> str:
-    paragraphs = "".join(f"<p>{' '.join(words[i:i + 40])}.</p>" for i in range(0, len(words), 40))
-    return (f"<!DOCTYPE html><html><head>{head}<title>{title}</title></head><body>"
-            f"<nav><a href='/'>home</a> {chrome} menu</nav><main><h1>{title}</h1>{paragraphs}</main>"
-            f"<footer>{chrome} footer, all rights reserved</footer></body></html>")
+    paragraphs = "".join(f"<p>{' '.join(words[i : i + 40])}.</p>" for i in range(0, len(words), 40))
+    return (
+        f"<!DOCTYPE html><html><head>{head}<title>{title}</title></head><body>"
+        f"<nav><a href='/'>home</a> {chrome} menu</nav><main><h1>{title}</h1>{paragraphs}</main>"
+        f"<footer>{chrome} footer, all rights reserved</footer></body></html>"
+    )
 
 
 def dedup_site() -> dict[str, SitePage]:

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-
 from kafka_broker import free_ports, unique_name
 
 __all__ = ["StreamTopics", "WorkerProcess", "produce", "read_all", "wait_for_verdicts", "page_record"]
@@ -44,23 +43,42 @@ class StreamTopics:
     partitions: int
 
     @classmethod
-    def fresh(cls, kafka, partitions: int = 4) -> "StreamTopics":
+    def fresh(cls, kafka, partitions: int = 4) -> StreamTopics:
         base = unique_name("sd")
-        t = cls(base, f"{base}.pages", f"{base}.unique", f"{base}.near-duplicate", f"{base}.verdicts",
-                f"{base}.dead-letter", partitions)
+        t = cls(
+            base,
+            f"{base}.pages",
+            f"{base}.unique",
+            f"{base}.near-duplicate",
+            f"{base}.verdicts",
+            f"{base}.dead-letter",
+            partitions,
+        )
         kafka.create_topic(t.pages, partitions)
         return t
 
     def env(self) -> dict[str, str]:
-        return {"STREAMDEDUP_APP_ID": self.app_id, "STREAMDEDUP_PAGES_TOPIC": self.pages,
-                "STREAMDEDUP_UNIQUE_TOPIC": self.unique, "STREAMDEDUP_NEAR_DUPLICATE_TOPIC": self.near_duplicate,
-                "STREAMDEDUP_VERDICTS_TOPIC": self.verdicts, "STREAMDEDUP_DEAD_LETTER_TOPIC": self.dead_letter,
-                "STREAMDEDUP_PARTITIONS": str(self.partitions)}
+        return {
+            "STREAMDEDUP_APP_ID": self.app_id,
+            "STREAMDEDUP_PAGES_TOPIC": self.pages,
+            "STREAMDEDUP_UNIQUE_TOPIC": self.unique,
+            "STREAMDEDUP_NEAR_DUPLICATE_TOPIC": self.near_duplicate,
+            "STREAMDEDUP_VERDICTS_TOPIC": self.verdicts,
+            "STREAMDEDUP_DEAD_LETTER_TOPIC": self.dead_letter,
+            "STREAMDEDUP_PARTITIONS": str(self.partitions),
+        }
 
 
 class WorkerProcess:
-    def __init__(self, kafka, topics: StreamTopics, workdir: Path, name: str = "w", env: dict | None = None,
-                 brokers: str | None = None) -> None:
+    def __init__(
+        self,
+        kafka,
+        topics: StreamTopics,
+        workdir: Path,
+        name: str = "w",
+        env: dict | None = None,
+        brokers: str | None = None,
+    ) -> None:
         self.kafka, self.topics, self.name = kafka, topics, name
         self.dir = Path(workdir) / name
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -68,17 +86,28 @@ class WorkerProcess:
         self.web_port = free_ports(1)[0]
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMDEDUP_")}
         self.env.update(topics.env())
-        self.env.update({"STREAMDEDUP_BROKERS": brokers or kafka.bootstrap, "STREAMDEDUP_WEB_PORT": str(self.web_port),
-                         "STREAMDEDUP_DATA_DIR": str(self.dir / "data"), "STREAMDEDUP_BATCH_TIMEOUT": "0.05"})
+        self.env.update(
+            {
+                "STREAMDEDUP_BROKERS": brokers or kafka.bootstrap,
+                "STREAMDEDUP_WEB_PORT": str(self.web_port),
+                "STREAMDEDUP_DATA_DIR": str(self.dir / "data"),
+                "STREAMDEDUP_BATCH_TIMEOUT": "0.05",
+            }
+        )
         self.env.update(env or {})
         self.proc: subprocess.Popen | None = None
         self._log = None
 
-    def start(self, timeout: float = 60.0) -> "WorkerProcess":
+    def start(self, timeout: float = 60.0) -> WorkerProcess:
         self._log = open(self.log_path, "ab")
         start = self.log_path.stat().st_size
-        self.proc = subprocess.Popen([sys.executable, "-m", "streamdedup", "worker"], env=self.env,
-                                     stdout=self._log, stderr=subprocess.STDOUT, cwd=self.dir)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "streamdedup", "worker"],
+            env=self.env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=self.dir,
+        )
         self.wait_for_log(READY, timeout, since=start)
         return self
 
@@ -111,7 +140,7 @@ class WorkerProcess:
             self.proc.wait(10)
             raise AssertionError(f"worker {self.name} did not stop on SIGTERM within {timeout}s:\n{self.log_tail()}")
 
-    def __enter__(self) -> "WorkerProcess":
+    def __enter__(self) -> WorkerProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -157,8 +186,15 @@ def read_all(kafka, topics: list[str], until: Any, timeout: float = 60.0) -> dic
     true or ``timeout`` passes (then returns what there is)."""
 
     async def run() -> dict[str, list]:
-        c = AIOKafkaConsumer(*topics, **kafka.client_kwargs(), group_id=None, auto_offset_reset="earliest",
-                             isolation_level="read_committed", enable_auto_commit=False, metadata_max_age_ms=1000)
+        c = AIOKafkaConsumer(
+            *topics,
+            **kafka.client_kwargs(),
+            group_id=None,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            enable_auto_commit=False,
+            metadata_max_age_ms=1000,
+        )
         await c.start()
         out: dict[str, list] = defaultdict(list)
         try:
@@ -181,13 +217,20 @@ def wait_for_verdicts(kafka, topics: StreamTopics, n: int, timeout: float = 60.0
     names = [topics.verdicts, topics.unique, topics.near_duplicate, topics.dead_letter]
 
     def done(out: dict) -> bool:
-        return (len(out[topics.verdicts]) >= n and len(out[topics.dead_letter]) >= dead_letters
-                and len(out[topics.unique]) + len(out[topics.near_duplicate]) >= n)
+        return (
+            len(out[topics.verdicts]) >= n
+            and len(out[topics.dead_letter]) >= dead_letters
+            and len(out[topics.unique]) + len(out[topics.near_duplicate]) >= n
+        )
 
     out = read_all(kafka, names, done, timeout)
     verdicts: dict[str, list] = defaultdict(list)
     for m in out[topics.verdicts]:
         v = json.loads(m.value)
         verdicts[v["id"]].append(v)
-    return {"verdicts": dict(verdicts), "unique": out[topics.unique], "near": out[topics.near_duplicate],
-            "dead": out[topics.dead_letter]}
+    return {
+        "verdicts": dict(verdicts),
+        "unique": out[topics.unique],
+        "near": out[topics.near_duplicate],
+        "dead": out[topics.dead_letter],
+    }

@@ -9,14 +9,17 @@ from click.testing import CliRunner
 from streamdedup.cli import main
 
 
-@pytest.mark.parametrize("args, env, message", [
-    (["--partitions", "0"], {}, "--partitions / STREAMDEDUP_PARTITIONS: 0 is out of range; use at least 1"),
-    (["--algorithm", "minhash"], {}, "'minhash' is available in `streamdedup scan` only"),
-    (["--design", "7"], {}, "'7' is not one of 20|16|10|4"),
-    ([], {"STREAMDEDUP_BROKERS": "nope"}, "'nope' is not host:port; use e.g. 127.0.0.1:9092"),
-    ([], {"STREAMDEDUP_PARTITONS": "4"}, "did you mean STREAMDEDUP_PARTITIONS?"),
-    (["--security-protocol", "SASL_SSL"], {}, "--sasl-mechanism / STREAMDEDUP_SASL_MECHANISM: is required"),
-])
+@pytest.mark.parametrize(
+    "args, env, message",
+    [
+        (["--partitions", "0"], {}, "--partitions / STREAMDEDUP_PARTITIONS: 0 is out of range; use at least 1"),
+        (["--algorithm", "minhash"], {}, "'minhash' is available in `streamdedup scan` only"),
+        (["--design", "7"], {}, "'7' is not one of 20|16|10|4"),
+        ([], {"STREAMDEDUP_BROKERS": "nope"}, "'nope' is not host:port; use e.g. 127.0.0.1:9092"),
+        ([], {"STREAMDEDUP_PARTITONS": "4"}, "did you mean STREAMDEDUP_PARTITIONS?"),
+        (["--security-protocol", "SASL_SSL"], {}, "--sasl-mechanism / STREAMDEDUP_SASL_MECHANISM: is required"),
+    ],
+)
 def test_bad_settings_exit_2_with_a_fix(args, env, message):
     result = CliRunner().invoke(main, ["worker", *args], env=env)
     assert result.exit_code == 2, result.output

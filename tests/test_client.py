@@ -10,9 +10,10 @@ import pytest
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
 
-from streamdedup.cli_client import as_json, human_line
-from streamdedup.client import OutputRecord, VerdictRecord, encode_page
-from streamdedup.records import BadRecord, Page, page_from_json, read_warc
+from streamdedup.cli.crawler import as_json, human_line
+from streamdedup.crawler.client import OutputRecord, VerdictRecord, encode_page
+from streamdedup.engine.records import Page, page_from_json, read_warc
+from streamdedup.errors import RecordError
 
 LIMIT = 4096
 
@@ -23,8 +24,15 @@ def warc(*responses: tuple[str, str, bytes]) -> io.BytesIO:
     writer = WARCWriter(out, gzip=True)
     for url, ctype, body in responses:
         http = StatusAndHeaders("200 OK", [("Content-Type", ctype)], protocol="HTTP/1.1")
-        writer.write_record(writer.create_warc_record(url, "response", payload=io.BytesIO(body), http_headers=http,
-                                                      warc_headers_dict={"WARC-Date": "2026-03-01T10:00:00Z"}))
+        writer.write_record(
+            writer.create_warc_record(
+                url,
+                "response",
+                payload=io.BytesIO(body),
+                http_headers=http,
+                warc_headers_dict={"WARC-Date": "2026-03-01T10:00:00Z"},
+            )
+        )
     out.seek(0)
     return out
 
@@ -35,9 +43,13 @@ def test_warc_response_becomes_the_worker_record():
     [(number, page)] = list(read_warc(warc(("http://a/cafe", "text/html; charset=ISO-8859-1", body))))
     key, value = encode_page(page, LIMIT)
     assert key == b"http://a/cafe"
-    assert json.loads(value) == {"url": "http://a/cafe", "content": '<meta charset="windows-1251"><p>café crème</p>',
-                                 "content_type": "text/html", "fetched_at": "2026-03-01T10:00:00Z",
-                                 "id": "http://a/cafe"}
+    assert json.loads(value) == {
+        "url": "http://a/cafe",
+        "content": '<meta charset="windows-1251"><p>café crème</p>',
+        "content_type": "text/html",
+        "fetched_at": "2026-03-01T10:00:00Z",
+        "id": "http://a/cafe",
+    }
     assert page_from_json(value, LIMIT).content.endswith("café crème</p>")
 
 
@@ -59,30 +71,49 @@ def test_lone_surrogate_is_kept_as_an_escape():
     assert value.isascii() and page_from_json(value, LIMIT).content == "a\ud800b"
 
 
-@pytest.mark.parametrize("page, reason", [
-    (Page("u", "u", b"\x89PNG\r\n\x1a\n....", "image/png"), "not_text"),
-    ({"url": "u", "content": "body { color: red }", "content_type": "text/css; charset=utf-8"}, "not_text"),
-    (Page("u", "u", b"\x89PNG\r\n\x1a\n....", "text/html"), "binary"),
-    (Page("u", "u", b" \r\n ", "text/html"), "empty"),
-    ({"url": "u", "content": '"' * 2100}, "too_large"),  # 2100 characters, over 4096 bytes once escaped
-    ({"url": "u"}, "missing_field"),
-    ({"url": "u", "content": b"<p>bytes</p>"}, "bad_field"),
-    ({"url": "u", "content": "x", "fetched_at": "yesterday"}, "bad_field"),
-])
+@pytest.mark.parametrize(
+    "page, reason",
+    [
+        (Page("u", "u", b"\x89PNG\r\n\x1a\n....", "image/png"), "not_text"),
+        ({"url": "u", "content": "body { color: red }", "content_type": "text/css; charset=utf-8"}, "not_text"),
+        (Page("u", "u", b"\x89PNG\r\n\x1a\n....", "text/html"), "binary"),
+        (Page("u", "u", b" \r\n ", "text/html"), "empty"),
+        ({"url": "u", "content": '"' * 2100}, "too_large"),  # 2100 characters, over 4096 bytes once escaped
+        ({"url": "u"}, "missing_field"),
+        ({"url": "u", "content": b"<p>bytes</p>"}, "bad_field"),
+        ({"url": "u", "content": "x", "fetched_at": "yesterday"}, "bad_field"),
+    ],
+)
 def test_pages_the_worker_would_refuse(page, reason):
-    with pytest.raises(BadRecord) as e:
+    with pytest.raises(RecordError) as e:
         encode_page(page, LIMIT)
     assert e.value.reason == reason
 
 
 def test_output_record_headers_parsed():
-    r = OutputRecord.from_kafka("pages.near-duplicate", 1, 5, b"http://a/y", b'{"url": "http://a/y", "content": "c"}',
-                                [("crawler-run", b"7"), ("streamdedup-verdict", b"near_duplicate"),
-                                 ("streamdedup-fingerprint", b"00000000000000ff"),
-                                 ("streamdedup-match-id", b"http://a/x"), ("streamdedup-match-url", b"http://a/x"),
-                                 ("streamdedup-distance", b"2")])
-    assert (r.verdict, r.fingerprint, r.match_id, r.match_url, r.distance, r.reason) == \
-        ("near_duplicate", "00000000000000ff", "http://a/x", "http://a/x", 2, None)
+    r = OutputRecord.from_kafka(
+        "pages.near-duplicate",
+        1,
+        5,
+        b"http://a/y",
+        b'{"url": "http://a/y", "content": "c"}',
+        [
+            ("crawler-run", b"7"),
+            ("streamdedup-verdict", b"near_duplicate"),
+            ("streamdedup-fingerprint", b"00000000000000ff"),
+            ("streamdedup-match-id", b"http://a/x"),
+            ("streamdedup-match-url", b"http://a/x"),
+            ("streamdedup-distance", b"2"),
+        ],
+    )
+    assert (r.verdict, r.fingerprint, r.match_id, r.match_url, r.distance, r.reason) == (
+        "near_duplicate",
+        "00000000000000ff",
+        "http://a/x",
+        "http://a/x",
+        2,
+        None,
+    )
     assert human_line(r) == "near_duplicate  d=2  http://a/y  ~ http://a/x  fp=00000000000000ff"
     out = as_json(r)
     assert out["headers"]["crawler-run"] == "7" and out["url"] == "http://a/y" and out["value_bytes"] == 37
@@ -90,8 +121,14 @@ def test_output_record_headers_parsed():
 
 
 def test_dead_letter_parsed():
-    r = OutputRecord.from_kafka("pages.dead-letter", 0, 0, b"k1", b"{oops",
-                                [("streamdedup-reason", b"not_json"), ("streamdedup-error", b"the record is not JSON")])
+    r = OutputRecord.from_kafka(
+        "pages.dead-letter",
+        0,
+        0,
+        b"k1",
+        b"{oops",
+        [("streamdedup-reason", b"not_json"), ("streamdedup-error", b"the record is not JSON")],
+    )
     assert (r.reason, r.error, r.verdict, r.url) == ("not_json", "the record is not JSON", None, None)
     assert human_line(r) == "not_json        k1  the record is not JSON"
 
@@ -99,5 +136,14 @@ def test_dead_letter_parsed():
 def test_verdict_lines():
     unique = VerdictRecord("x", "http://a/x", "unique", "00000000000000ff", None, None, None, 0, 1)
     assert human_line(unique) == "unique          http://a/x"
-    assert as_json(unique) == {"id": "x", "url": "http://a/x", "verdict": "unique", "fingerprint": "00000000000000ff",
-                               "match_id": None, "match_url": None, "distance": None, "partition": 0, "offset": 1}
+    assert as_json(unique) == {
+        "id": "x",
+        "url": "http://a/x",
+        "verdict": "unique",
+        "fingerprint": "00000000000000ff",
+        "match_id": None,
+        "match_url": None,
+        "distance": None,
+        "partition": 0,
+        "offset": 1,
+    }

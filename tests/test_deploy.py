@@ -23,10 +23,24 @@ from typing import Any
 
 import pytest
 import yaml
+from deploy_files import (
+    DASHBOARD,
+    DEPLOY,
+    JOB,
+    ROOT,
+    dashboard_queries,
+    dashboard_variables,
+    iter_panels,
+    iter_rules,
+    known_metrics,
+    load_dashboard,
+    load_yaml_documents,
+    local_prometheus_config,
+    promql_label_names,
+    promql_label_values,
+    promql_metric_names,
+)
 
-from deploy_files import (DASHBOARD, DEPLOY, JOB, ROOT, dashboard_queries, dashboard_variables, iter_panels,
-                          iter_rules, known_metrics, load_dashboard, load_yaml_documents, local_prometheus_config,
-                          promql_label_names, promql_label_values, promql_metric_names)
 from streamdedup.settings import ENV_PREFIX, TOPIC_FIELDS, Settings
 
 PROM_DIR = DEPLOY / "prometheus"
@@ -49,8 +63,10 @@ TARGET_LABELS = {"job", "instance", "pod", "namespace"}
 def promtool() -> str:
     path = shutil.which("promtool") or "/usr/bin/promtool"
     if not os.access(path, os.X_OK):
-        pytest.fail("promtool not found (Debian package prometheus); install it with "
-                    "deploy/local/install-debian-packages.sh, or run `make install`")
+        pytest.fail(
+            "promtool not found (Debian package prometheus); install it with "
+            "deploy/local/install-debian-packages.sh, or run `make install`"
+        )
     return path
 
 
@@ -79,7 +95,7 @@ def quantity_bytes(q: str | int) -> int:
     unit = m.group(2)
     power = {"k": 1, "m": 2, "g": 3, "t": 4}.get(unit[:1].lower(), 0)
     base = 1000 if unit[:1].isupper() and not unit.endswith("i") else 1024
-    return int(float(m.group(1)) * base ** power)
+    return int(float(m.group(1)) * base**power)
 
 
 def compose() -> dict[str, Any]:
@@ -87,8 +103,11 @@ def compose() -> dict[str, Any]:
 
 
 def compose_workers() -> dict[str, dict[str, Any]]:
-    return {name: s for name, s in compose()["services"].items()
-            if s.get("build", {}).get("dockerfile") == "deploy/Dockerfile"}
+    return {
+        name: s
+        for name, s in compose()["services"].items()
+        if s.get("build", {}).get("dockerfile") == "deploy/Dockerfile"
+    }
 
 
 def k8s_objects() -> dict[str, dict[str, Any]]:
@@ -144,16 +163,26 @@ def healthcheck_command() -> str:
 def dockerignored(path: str) -> bool:
     """Whether .dockerignore keeps ``path`` (relative to the repo root) out of the build context:
     the last pattern that matches the path or one of its parent directories decides."""
-    patterns = [p.strip() for p in (ROOT / ".dockerignore").read_text().splitlines()
-                if p.strip() and not p.startswith("#")]
+    patterns = [
+        p.strip() for p in (ROOT / ".dockerignore").read_text().splitlines() if p.strip() and not p.startswith("#")
+    ]
     parts = Path(path).parts
     candidates = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
     ignored = False
     for p in patterns:
         negate, p = p.startswith("!"), p.lstrip("!").strip("/")
-        regex = "".join("(?:.*/)?" if tok == "**/" else ".*" if tok == "**" else "[^/]*" if tok == "*"
-                        else "[^/]" if tok == "?" else re.escape(tok)
-                        for tok in re.findall(r"\*\*/|\*\*|\*|\?|[^*?]+", p))
+        regex = "".join(
+            "(?:.*/)?"
+            if tok == "**/"
+            else ".*"
+            if tok == "**"
+            else "[^/]*"
+            if tok == "*"
+            else "[^/]"
+            if tok == "?"
+            else re.escape(tok)
+            for tok in re.findall(r"\*\*/|\*\*|\*|\?|[^*?]+", p)
+        )
         if any(re.fullmatch(regex, c) for c in candidates):
             ignored = not negate
     return ignored
@@ -185,8 +214,9 @@ def all_promql() -> list[tuple[str, str]]:
 # ---------------------------------------------------------------------------- every file parses
 
 
-@pytest.mark.parametrize("path", sorted(p.relative_to(ROOT) for p in DEPLOY.rglob("*.y*ml")
-                                        if "local" not in p.parts), ids=str)
+@pytest.mark.parametrize(
+    "path", sorted(p.relative_to(ROOT) for p in DEPLOY.rglob("*.y*ml") if "local" not in p.parts), ids=str
+)
 def test_yaml_parses(path):
     docs = load_yaml_documents(ROOT / path)
     assert docs, f"{path} is empty"
@@ -204,15 +234,18 @@ def test_pyyaml_is_a_test_dependency():
 def test_every_streamdedup_variable_is_a_setting(path):
     """Comments included: a commented-out example must be right when someone uncomments it."""
     unknown = env_names_in(path.read_text(encoding="utf-8")) - SETTING_ENV
-    assert not unknown, f"{path.relative_to(ROOT)} names {sorted(unknown)}, which are not settings " \
-                        f"(fields(Settings) metadata['env']: {sorted(SETTING_ENV)})"
+    assert not unknown, (
+        f"{path.relative_to(ROOT)} names {sorted(unknown)}, which are not settings "
+        f"(fields(Settings) metadata['env']: {sorted(SETTING_ENV)})"
+    )
 
 
 def test_dockerfile_env_and_ports():
     env = dockerfile_env()
     settings_from(env, "Dockerfile ENV")
-    assert env["STREAMDEDUP_WEB_HOST"] == "0.0.0.0", "inside a container the web server must listen on all " \
-                                                     "interfaces, or nothing outside reaches /metrics"
+    assert env["STREAMDEDUP_WEB_HOST"] == "0.0.0.0", (
+        "inside a container the web server must listen on all interfaces, or nothing outside reaches /metrics"
+    )
     stage = final_stage()
     assert [a for op, a in stage if op == "EXPOSE"] == [str(DEFAULTS.web_port)]
     (volume,) = [json.loads(a) for op, a in stage if op == "VOLUME"]
@@ -255,8 +288,15 @@ def test_dockerfile_copies_only_what_the_context_has():
     assert readme in sources, "pip install . reads the readme named in pyproject.toml"
     for p in ["streamdedup/settings.py", "streamdedup/stream/metrics.py"]:
         assert not dockerignored(p), p
-    for p in [".venv/bin/python", ".git/HEAD", "deploy/local/lib/kafka_2.13-3.9.1.jar", "bench/README.md",
-              "tests/test_deploy.py", "streamdedup/__pycache__/cli.cpython-311.pyc", "demo-verdicts.jsonl"]:
+    for p in [
+        ".venv/bin/python",
+        ".git/HEAD",
+        "deploy/local/lib/kafka_2.13-3.9.1.jar",
+        "bench/README.md",
+        "tests/test_deploy.py",
+        "streamdedup/__pycache__/cli.cpython-311.pyc",
+        "demo-verdicts.jsonl",
+    ]:
         assert dockerignored(p), f"{p} would be sent to the docker build"
 
 
@@ -265,7 +305,7 @@ def test_healthcheck_command_runs(tmp_path):
     status = {"code": 200}
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             code = status["code"] if self.path == "/metrics" else 404
             self.send_response(code)
             self.end_headers()
@@ -277,12 +317,15 @@ def test_healthcheck_command_runs(tmp_path):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        env = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-               "STREAMDEDUP_WEB_PORT": str(server.server_address[1])}
+        env = {
+            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+            "STREAMDEDUP_WEB_PORT": str(server.server_address[1]),
+        }
 
         def check() -> int:
-            return subprocess.run(["/bin/sh", "-c", healthcheck_command()], env=env, capture_output=True,
-                                  timeout=30).returncode
+            return subprocess.run(
+                ["/bin/sh", "-c", healthcheck_command()], env=env, capture_output=True, timeout=30
+            ).returncode
 
         assert check() == 0
         status["code"] = 500
@@ -318,10 +361,12 @@ def test_compose_kafka_listeners_match_the_workers():
     assert listeners[kafka["KAFKA_CONTROLLER_LISTENER_NAMES"]].endswith(f":{voter_port}")
     for name, w in compose_workers().items():
         s = settings_from(w["environment"], f"compose {name}")
-        assert s.brokers == (advertised[kafka["KAFKA_INTER_BROKER_LISTENER_NAME"]],), \
+        assert s.brokers == (advertised[kafka["KAFKA_INTER_BROKER_LISTENER_NAME"]],), (
             f"{name} must use the broker's advertised in-network listener"
-        assert str(kafka["KAFKA_NUM_PARTITIONS"]) == str(s.partitions), \
+        )
+        assert str(kafka["KAFKA_NUM_PARTITIONS"]) == str(s.partitions), (
             "auto-created topics must get the workers' partition count"
+        )
 
 
 def test_compose_workers():
@@ -341,8 +386,9 @@ def test_compose_workers():
         assert source not in seen, f"{name}: shares its data volume with another worker"
         seen.add(source)
         assert s.index_memory_limit > 0
-        assert s.index_memory_limit + PROCESS_OVERHEAD_BYTES <= quantity_bytes(w["mem_limit"]), \
+        assert s.index_memory_limit + PROCESS_OVERHEAD_BYTES <= quantity_bytes(w["mem_limit"]), (
             f"{name}: the index limit leaves no room for the process under mem_limit"
+        )
         assert s.partitions >= len(workers)
     topics_job = compose()["services"]["topics"]["environment"]
     for field in TOPIC_FIELDS + ("partitions", "brokers"):
@@ -358,8 +404,9 @@ def test_compose_prometheus_and_grafana_mounts():
     host_dir = mounts[str(Path(config).parent)]
     assert (COMPOSE.parent / host_dir / Path(config).name).resolve() == (PROM_DIR / "prometheus.yml")
     graf = services["grafana"]
-    mounts = {v.split(":")[1]: (COMPOSE.parent / v.split(":")[0]).resolve() for v in graf["volumes"]
-              if v.startswith(".")}
+    mounts = {
+        v.split(":")[1]: (COMPOSE.parent / v.split(":")[0]).resolve() for v in graf["volumes"] if v.startswith(".")
+    }
     assert mounts["/etc/grafana/provisioning"] == DEPLOY / "grafana" / "provisioning"
     (provider,) = yaml.safe_load((DEPLOY / "grafana/provisioning/dashboards/streamdedup.yml").read_text())["providers"]
     assert mounts[provider["options"]["path"]] == DASHBOARD.parent
@@ -409,8 +456,11 @@ def test_k8s_workload_service_and_probes():
     sts, svc, pdb, cm = objs["StatefulSet"], objs["Service"], objs["PodDisruptionBudget"], objs["ConfigMap"]
     s = settings_from(cm["data"], "ConfigMap")
     pod_labels = sts["spec"]["template"]["metadata"]["labels"]
-    for selector in (sts["spec"]["selector"]["matchLabels"], svc["spec"]["selector"],
-                     pdb["spec"]["selector"]["matchLabels"]):
+    for selector in (
+        sts["spec"]["selector"]["matchLabels"],
+        svc["spec"]["selector"],
+        pdb["spec"]["selector"]["matchLabels"],
+    ):
         assert selector.items() <= pod_labels.items()
     assert sts["spec"]["serviceName"] == svc["metadata"]["name"]
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
@@ -435,11 +485,13 @@ def test_k8s_memory_sizing_is_consistent():
     limit = quantity_bytes(res["limits"]["memory"])
     assert quantity_bytes(res["requests"]["memory"]) == limit, "memory is not overcommitted"
     assert res["requests"]["cpu"] and res["limits"]["cpu"]
-    assert 0 < s.index_memory_limit <= limit - PROCESS_OVERHEAD_BYTES, \
+    assert 0 < s.index_memory_limit <= limit - PROCESS_OVERHEAD_BYTES, (
         "STREAMDEDUP_INDEX_MEMORY_LIMIT must leave the process overhead under the container limit"
+    )
     # The per-page budget is written in two places (the manifest's arithmetic and the README):
-    figures = {p.name: set(re.findall(r"~?([\d,]+) bytes per page", p.read_text()))
-               for p in (K8S / "statefulset.yaml", README)}
+    figures = {
+        p.name: set(re.findall(r"~?([\d,]+) bytes per page", p.read_text())) for p in (K8S / "statefulset.yaml", README)
+    }
     assert all(figures.values()) and len(set.union(*figures.values())) == 1, figures
 
 
@@ -470,8 +522,9 @@ def test_promtool_check_config(promtool, tmp_path):
     local = tmp_path / "prometheus.yml"
     local.write_text(local_prometheus_config([f"127.0.0.1:{DEFAULTS.web_port}"]))
     run_promtool(promtool, "check", "config", str(local))
-    assert yaml.safe_load(local.read_text())["scrape_configs"][0]["static_configs"][0]["targets"] == \
-        [f"127.0.0.1:{DEFAULTS.web_port}"]
+    assert yaml.safe_load(local.read_text())["scrape_configs"][0]["static_configs"][0]["targets"] == [
+        f"127.0.0.1:{DEFAULTS.web_port}"
+    ]
 
 
 def test_promtool_check_k8s_scrape_config(promtool, tmp_path):
@@ -513,8 +566,13 @@ def test_alert_unit_tests_cover_every_alert():
 
 def test_alert_rules_are_complete():
     anchors = github_anchors(README.read_text(encoding="utf-8"))
-    required = {"StreamdedupWorkerDown", "StreamdedupLagGrowing", "StreamdedupDeadLetterSpike",
-                "StreamdedupRecoveryStuck", "StreamdedupIndexMemoryHigh"}
+    required = {
+        "StreamdedupWorkerDown",
+        "StreamdedupLagGrowing",
+        "StreamdedupDeadLetterSpike",
+        "StreamdedupRecoveryStuck",
+        "StreamdedupIndexMemoryHigh",
+    }
     rules = alerting_rules()
     assert required <= {r["alert"] for r in rules}
     for r in rules:
@@ -524,15 +582,17 @@ def test_alert_rules_are_complete():
         ann = r["annotations"]
         assert ann["summary"] and ann["description"], name
         doc, _, anchor = ann["runbook_url"].partition("#")
-        assert (ROOT / doc).resolve() == README and anchor in anchors, \
+        assert (ROOT / doc).resolve() == README and anchor in anchors, (
             f"{name}: runbook_url {ann['runbook_url']} is not a heading of deploy/README.md"
+        )
         assert anchor == name.lower()
     recorded = {r["record"] for r in iter_rules() if "record" in r}
     for r in iter_rules():
         for metric in promql_metric_names(r["expr"]) - recorded:
             uses = re.findall(rf"\b{metric}\b(\s*\{{[^}}]*\}})?", r["expr"])
-            assert all(f'job="{JOB}"' in u for u in uses), \
-                f"{r.get('alert') or r.get('record')}: select {metric} by job=\"{JOB}\""
+            assert all(f'job="{JOB}"' in u for u in uses), (
+                f'{r.get("alert") or r.get("record")}: select {metric} by job="{JOB}"'
+            )
         for topic in promql_label_values(r["expr"], "topic"):
             assert topic == DEFAULTS.pages_topic, "the rules name the pages topic by its default"
 
@@ -580,19 +640,30 @@ def test_dashboard_variables_and_pages_topic():
 
 def test_dashboard_has_the_panels_the_runbooks_refer_to():
     used = set().union(*(promql_metric_names(e) for _, e in all_promql()))
-    required = {"streamdedup_verdicts_total", "streamdedup_pages_total", "streamdedup_verdict_latency_seconds_bucket",
-                "streamdedup_consumer_lag_messages", "streamdedup_shard_fingerprints", "streamdedup_shard_bytes",
-                "process_resident_memory_bytes", "streamdedup_recovery_restored_records",
-                "streamdedup_recovery_target_records", "streamdedup_dead_letters_total",
-                "streamdedup_rebalances_total", "streamdedup_batch_seconds_bucket",
-                "streamdedup_match_distance_bits_bucket", "streamdedup_index_memory_limit_bytes"}
+    required = {
+        "streamdedup_verdicts_total",
+        "streamdedup_pages_total",
+        "streamdedup_verdict_latency_seconds_bucket",
+        "streamdedup_consumer_lag_messages",
+        "streamdedup_shard_fingerprints",
+        "streamdedup_shard_bytes",
+        "process_resident_memory_bytes",
+        "streamdedup_recovery_restored_records",
+        "streamdedup_recovery_target_records",
+        "streamdedup_dead_letters_total",
+        "streamdedup_rebalances_total",
+        "streamdedup_batch_seconds_bucket",
+        "streamdedup_match_distance_bits_bucket",
+        "streamdedup_index_memory_limit_bytes",
+    }
     assert required - used == set()
     exprs = " ".join(e for _, _, e in dashboard_queries())
     assert "histogram_quantile(0.5," in exprs and "histogram_quantile(0.99," in exprs
     text = README.read_text(encoding="utf-8")
     for p in iter_panels(load_dashboard()["panels"]):
-        assert f"| {p['title']} | {p['description']} |" in text, \
+        assert f"| {p['title']} | {p['description']} |" in text, (
             f"deploy/README.md's panel table does not have the panel {p['title']!r} with its description"
+        )
     for r in alerting_rules():
         assert r["alert"] in text
 
@@ -616,9 +687,10 @@ def test_every_metric_in_promql_exists():
         for name in promql_metric_names(expr):
             if name not in known and name not in recorded and name != "up":
                 problems.append(f"{where}: {name}")
-    assert not problems, "metrics that no worker exports (streamdedup/stream/metrics.py, faust's sensor " \
-                         "with prefix streamdedup_faust, prometheus_client's default collectors):\n" + \
-                         "\n".join(problems)
+    assert not problems, (
+        "metrics that no worker exports (streamdedup/stream/metrics.py, faust's sensor "
+        "with prefix streamdedup_faust, prometheus_client's default collectors):\n" + "\n".join(problems)
+    )
 
 
 def test_every_label_in_promql_exists():
@@ -633,7 +705,7 @@ def test_every_label_in_promql_exists():
 
 
 def test_dead_letter_reasons_in_the_dashboard_exist():
-    from streamdedup.records import REASONS
+    from streamdedup.errors import REASONS
 
     (panel,) = [p for p in iter_panels(load_dashboard()["panels"]) if p["title"] == "Dead letters by reason"]
     named = set(re.findall(r"\b[a-z]+(?:_[a-z]+)+\b", panel["description"]))
@@ -641,10 +713,11 @@ def test_dead_letter_reasons_in_the_dashboard_exist():
 
 
 def test_verdict_label_values_exist():
-    from streamdedup.dedup import Deduplicator
+    from streamdedup.engine.dedup import Deduplicator
 
-    verdicts = {v.verdict for v in Deduplicator("simhash", k=3).process(
-        ["a", "b"], ["u1", "u2"], ["one two three four"] * 2)}
+    verdicts = {
+        v.verdict for v in Deduplicator("simhash", k=3).process(["a", "b"], ["u1", "u2"], ["one two three four"] * 2)
+    }
     for where, expr in all_promql():
         assert promql_label_values(expr, "verdict") <= verdicts, where
 
@@ -653,8 +726,9 @@ def test_promql_lexer_finds_what_it_should():
     known = known_metrics()
     assert "streamdedup_pages_total" in known and "streamdedup_pages" not in known
     assert "streamdedup_faust_consumer_commit_latency_bucket" in known
-    assert promql_metric_names('histogram_quantile(0.99, sum by (stage, le) (rate(x_bucket{a="b"}[$__rate_interval])))'
-                               ) == {"x_bucket"}
+    assert promql_metric_names(
+        'histogram_quantile(0.99, sum by (stage, le) (rate(x_bucket{a="b"}[$__rate_interval])))'
+    ) == {"x_bucket"}
     assert promql_metric_names("(sum(rate(a_total[1m])) or vector(0)) / sum(b_total) > 0.5e3") == {"a_total", "b_total"}
-    assert promql_metric_names("absent(up{job=\"x\"} == 1)") == {"up"}
+    assert promql_metric_names('absent(up{job="x"} == 1)') == {"up"}
     assert promql_label_names('sum by (instance) (a{job="x", topic!~"y"}) / on (job) b') == {"instance", "job", "topic"}

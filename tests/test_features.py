@@ -10,8 +10,8 @@ import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamdedup import features
-from streamdedup.features import FEATURE_SEED, shingle_hashes, text_shingles, word_hashes, words
+from streamdedup.fingerprinting import features
+from streamdedup.fingerprinting.features import FEATURE_SEED, shingle_hashes, text_shingles, word_hashes, words
 
 
 def test_words_lowercase_and_split_on_punctuation():
@@ -63,9 +63,17 @@ def test_shingles_of_hashes_need_positive_n():
 
 def test_same_hashes_in_another_process():
     """Fresh interpreter, different PYTHONHASHSEED: the same 64 bits."""
-    code = "from streamdedup.features import text_shingles; print(text_shingles('Même texte, 同じ').tolist())"
-    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           env={"PYTHONHASHSEED": seed, "PATH": ""}).stdout for seed in ("1", "2")]
+    code = "from streamdedup.fingerprinting.features import text_shingles; print(text_shingles('Même texte, 同じ').tolist())"
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PYTHONHASHSEED": seed, "PATH": ""},
+        ).stdout
+        for seed in ("1", "2")
+    ]
     assert runs[0] == runs[1] == f"{text_shingles('Même texte, 同じ').tolist()}\n"
 
 

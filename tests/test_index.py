@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamdedup.index import HammingIndex, _Run
-from streamdedup.simhash import hamming_many
-from streamdedup.tables import DESIGNS, TableDesign
+from streamdedup.fingerprinting.simhash import hamming_many
+from streamdedup.index.hamming import HammingIndex, _Run
+from streamdedup.index.tables import DESIGNS, TableDesign
 
 U64 = st.integers(min_value=0, max_value=2**64 - 1)
 
@@ -59,7 +59,9 @@ def lookup_path(request, monkeypatch):
 
 
 @pytest.mark.parametrize("design", sorted(DESIGNS))
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(data=planted(k=3), batch=st.integers(1, 40))
 def test_exact_against_brute_force(design, data, batch, lookup_path):
     stored, queries = data

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import streamdedup.lsh as lsh
-from streamdedup.features import text_shingles
-from streamdedup.lsh import Candidates, LSHIndex, choose_bands, s_curve, threshold_of
-from streamdedup.minhash import jaccard_exact, minhash_signatures
+import streamdedup.index.lsh as lsh
+from streamdedup.fingerprinting.features import text_shingles
+from streamdedup.fingerprinting.minhash import jaccard_exact, minhash_signatures
+from streamdedup.index.lsh import Candidates, LSHIndex, choose_bands, s_curve, threshold_of
 
 LICENSES = Path("/usr/share/common-licenses")
 NAMES = ["Apache-2.0", "Artistic", "BSD", "CC0-1.0", "GFDL-1.2", "GFDL-1.3", "GPL-1", "GPL-2",
@@ -62,9 +62,7 @@ def test_choose_bands_is_the_exact_optimum(threshold, num_perm, fp_weight, fn_we
     best = None
     for b in range(1, num_perm + 1):
         for r in range(1, num_perm // b + 1):
-            below_t = sum(
-                Fraction(comb(b, k) * (-1) ** k, r * k + 1) * t ** (r * k + 1) for k in range(b + 1)
-            )
+            below_t = sum(Fraction(comb(b, k) * (-1) ** k, r * k + 1) * t ** (r * k + 1) for k in range(b + 1))
             below_1 = sum(Fraction(comb(b, k) * (-1) ** k, r * k + 1) for k in range(b + 1))
             fp, fn = (
                 t - below_t,
@@ -133,9 +131,7 @@ def corpus() -> list[str]:
     """~1,000 real documents: 150-word windows of the licence texts and of stdlib modules."""
     texts = [(LICENSES / n).read_text(encoding="utf-8") for n in NAMES]
     stdlib = Path(os.__file__).parent
-    texts += [
-        p.read_text(encoding="utf-8", errors="replace") for p in sorted(stdlib.glob("*.py"))[:120]
-    ]
+    texts += [p.read_text(encoding="utf-8", errors="replace") for p in sorted(stdlib.glob("*.py"))[:120]]
     docs = []
     for t in texts:
         words = t.split()
@@ -197,9 +193,7 @@ def clustered_signatures(n: int, seed: int, change: float = 0.1, num_perm: int =
     return sigs
 
 
-def brute_force(
-    stored: np.ndarray, live: np.ndarray, queries: np.ndarray, b: int, r: int
-) -> list[set[int]]:
+def brute_force(stored: np.ndarray, live: np.ndarray, queries: np.ndarray, b: int, r: int) -> list[set[int]]:
     """Rows sharing all r values of at least one band with each query, from the definition."""
     out = []
     for q in queries:
@@ -237,9 +231,7 @@ def test_answers_equal_the_definition_whatever_the_layout(monkeypatch, small_lev
         index.remove(i)
         live[i] = False
     assert len(index) == live.sum()
-    assert [{i for i, _ in c} for c in index.query_many(queries)] == brute_force(
-        sigs, live, queries, index.b, index.r
-    )
+    assert [{i for i, _ in c} for c in index.query_many(queries)] == brute_force(sigs, live, queries, index.b, index.r)
 
 
 def test_results_are_ranked_and_batch_equals_single():
@@ -257,9 +249,7 @@ def test_results_are_ranked_and_batch_equals_single():
     assert filtered == [[c for c in cands if c[1] >= 0.7] for cands in batch]
     found = index.search(sigs[:60])
     assert isinstance(found, Candidates)
-    assert [index.id_of(r) for r in found.row[found.query == 5].tolist()] == [
-        i for i, _ in batch[5]
-    ]
+    assert [index.id_of(r) for r in found.row[found.query == 5].tolist()] == [i for i, _ in batch[5]]
     assert (index.signature_of(int(found.row[0])) == sigs[0]).all()
 
 
@@ -320,9 +310,9 @@ def test_same_answers_in_every_process():
     """Signatures and answers do not depend on the process (PYTHONHASHSEED included)."""
     code = (
         "import json, numpy as np\n"
-        "from streamdedup.features import text_shingles\n"
-        "from streamdedup.minhash import minhash_signatures\n"
-        "from streamdedup.lsh import LSHIndex\n"
+        "from streamdedup.fingerprinting.features import text_shingles\n"
+        "from streamdedup.fingerprinting.minhash import minhash_signatures\n"
+        "from streamdedup.index.lsh import LSHIndex\n"
         "texts = ['a b c d e f g h i j k', 'a b c d e f g h i j x', 'zz yy xx ww vv uu',\n"
         "         'a b c d e f g h i j k l']\n"
         "sigs = minhash_signatures([text_shingles(t) for t in texts], num_perm=64)\n"

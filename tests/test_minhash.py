@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamdedup.features import text_shingles
-from streamdedup.minhash import (
+from streamdedup.fingerprinting.features import text_shingles
+from streamdedup.fingerprinting.minhash import (
     EMPTY,
     MinHash,
     bottom_k_containment,
@@ -66,10 +66,7 @@ def tolerance(j: float, k: int) -> float:
 @pytest.fixture(scope="module")
 def pairs(texts) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """Natural pairs (all licence pairs) and edited copies at many levels."""
-    out = [
-        (f"{a}~{b}", text_shingles(texts[a]), text_shingles(texts[b]))
-        for a, b in itertools.combinations(NAMES, 2)
-    ]
+    out = [(f"{a}~{b}", text_shingles(texts[a]), text_shingles(texts[b])) for a, b in itertools.combinations(NAMES, 2)]
     for i, frac in enumerate([0.0, 0.005, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8]):
         for name in ("GPL-3", "Apache-2.0"):
             out.append(
@@ -108,9 +105,7 @@ def test_estimates_are_unbiased_with_the_variance_of_independent_permutations(pa
     exact = np.array([jaccard_exact(a, b) for _, a, b in chosen])
     z = []
     for seed in range(30):
-        sigs = minhash_signatures(
-            [s for _, a, b in chosen for s in (a, b)], num_perm=128, seed=seed
-        )
+        sigs = minhash_signatures([s for _, a, b in chosen for s in (a, b)], num_perm=128, seed=seed)
         est = resemblance(sigs[0::2], sigs[1::2])
         z.extend((est - exact) / np.sqrt(exact * (1 - exact) / 128))
     z = np.array(z)
@@ -205,16 +200,12 @@ def py_signature(shingles, num_perm: int, seed: int) -> list[int]:
     out = py_splitmix64(seed ^ 0x4D494E48415348, 1 + 2 * num_perm)
     k, a, c = out[0], [x | 1 for x in out[1::2]], out[2::2]
     u = [py_mix64(int(x) ^ k) for x in set(shingles)]
-    return [
-        min(((ai * v + ci) & M64) >> 32 for v in u) if u else 0xFFFFFFFF for ai, ci in zip(a, c)
-    ]
+    return [min(((ai * v + ci) & M64) >> 32 for v in u) if u else 0xFFFFFFFF for ai, ci in zip(a, c)]
 
 
 def test_signature_follows_the_documented_format(texts):
     shingles = text_shingles(texts["BSD"])
-    assert minhash_signature(shingles, 16, seed=3).tolist() == py_signature(
-        shingles.tolist(), 16, 3
-    )
+    assert minhash_signature(shingles, 16, seed=3).tolist() == py_signature(shingles.tolist(), 16, 3)
     assert minhash_signature([], 4).tolist() == py_signature([], 4, 1) == [0xFFFFFFFF] * 4
 
 
@@ -254,7 +245,7 @@ def test_batch_equals_single_and_chunking_is_invisible(texts, monkeypatch):
     docs.insert(3, np.empty(0, np.uint64))
     single = np.stack([minhash_signature(d) for d in docs])
     assert (minhash_signatures(docs) == single).all()
-    import streamdedup.minhash as mh
+    import streamdedup.fingerprinting.minhash as mh
 
     monkeypatch.setattr(mh, "_CHUNK", 1000)  # ~8 columns per chunk: documents straddle chunks
     assert (minhash_signatures(docs) == single).all()
@@ -275,10 +266,7 @@ def test_empty_set_sentinel():
     assert resemblance(e, e) == 1.0
     assert resemblance(e, minhash_signature(text_shingles("some words here"))) == 0.0
     assert jaccard_exact([], []) == 1.0 and containment_exact([], [1]) == 1.0
-    assert (
-        bottom_k_sketch([]).size == 0
-        and bottom_k_resemblance(bottom_k_sketch([]), bottom_k_sketch([])) == 1.0
-    )
+    assert bottom_k_sketch([]).size == 0 and bottom_k_resemblance(bottom_k_sketch([]), bottom_k_sketch([])) == 1.0
 
 
 def test_bad_arguments_say_how_to_fix_the_call():

@@ -6,14 +6,21 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamdedup.pending import Pending
-from streamdedup.wire import ANSWERS, Batch, decode, encode
+from streamdedup.pipeline.pending import Pending
+from streamdedup.pipeline.wire import ANSWERS, Batch, decode, encode
 
 
 def page(p: Pending, partition: int, offset: int, page_id: str | None = None):
     page_id = page_id or f"p{partition}-{offset}"
-    return p.add_page(partition, offset, page_id=page_id, url=f"http://x/{page_id}", fingerprint=offset,
-                      key=page_id.encode(), value=b"{}")
+    return p.add_page(
+        partition,
+        offset,
+        page_id=page_id,
+        url=f"http://x/{page_id}",
+        fingerprint=offset,
+        key=page_id.encode(),
+        value=b"{}",
+    )
 
 
 def bad(p: Pending, partition: int, offset: int, reason: str = "not_json"):
@@ -121,8 +128,18 @@ def test_answers_to_another_process_are_ignored():
     assert stale != mine and stale >> 32 != mine >> 32  # random per-process prefix
     assert now.answer_one(stale, 0, 1, (1, 1, 1, "x", "u")) is None
     assert now.ready(0) == []
-    batch = Batch.build(group=[0], fps=[1], fetched=[1], id_hash=[1], request=[stale], distance=[1], partition=[0],
-                        ids=["x"], urls=["u"], kind=ANSWERS)
+    batch = Batch.build(
+        group=[0],
+        fps=[1],
+        fetched=[1],
+        id_hash=[1],
+        request=[stale],
+        distance=[1],
+        partition=[0],
+        ids=["x"],
+        urls=["u"],
+        kind=ANSWERS,
+    )
     assert now.answer(decode([encode(batch, ANSWERS)], ANSWERS)) == set()
     assert now.answer_one(mine, 0, -1) == 0
     assert now.ready(0)[0].verdict == "unique"
@@ -131,10 +148,18 @@ def test_answers_to_another_process_are_ignored():
 def test_answer_takes_a_decoded_answers_batch():
     p = Pending(n_groups=2)
     r0, r1, r9 = page(p, 0, 0), page(p, 0, 1), page(p, 1, 9)
-    batch = Batch.build(group=[0, 1, 0, 1, 0], fps=[0, 0xF00D, 0, 0, 0xBEEF], fetched=[0, 30, 0, 0, 20],
-                        id_hash=[0, 31, 0, 0, 21], request=[r0, r0, r1, r1, r9], distance=[-1, 2, -1, -1, 1],
-                        partition=[0, 0, 0, 0, 1], ids=["", "m0", "", "", "m9"], urls=["", "u0", "", "", "u9"],
-                        kind=ANSWERS)
+    batch = Batch.build(
+        group=[0, 1, 0, 1, 0],
+        fps=[0, 0xF00D, 0, 0, 0xBEEF],
+        fetched=[0, 30, 0, 0, 20],
+        id_hash=[0, 31, 0, 0, 21],
+        request=[r0, r0, r1, r1, r9],
+        distance=[-1, 2, -1, -1, 1],
+        partition=[0, 0, 0, 0, 1],
+        ids=["", "m0", "", "", "m9"],
+        urls=["", "u0", "", "", "u9"],
+        kind=ANSWERS,
+    )
     assert p.answer(decode([encode(batch, ANSWERS)], ANSWERS)) == {0, 1}
     assert [(w.offset, w.best) for w in p.ready(0)] == [(0, (2, 30, 31, 0xF00D, "m0", "u0")), (1, None)]
     assert p.ready(1) == []  # group 1 of page 9 is still missing
@@ -185,9 +210,9 @@ def test_drop_forgets_a_revoked_partition_and_its_requests():
 
 # ---------------------------------------------------------------- property
 
+
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 2), st.booleans(), st.integers(1, 3)), min_size=1, max_size=25),
-       st.data())
+@given(st.lists(st.tuples(st.integers(0, 2), st.booleans(), st.integers(1, 3)), min_size=1, max_size=25), st.data())
 def test_any_interleaving_releases_each_partition_in_offset_order_exactly_once(records, data):
     """records: (partition, bad?, offset gap).  Adds come in offset order per partition, answers
     in any order (some twice); after every step the worker drains what is ready."""

@@ -1,4 +1,4 @@
-"""The record contract: every kind of bad input is a BadRecord with its reason, never a crash;
+"""The record contract: every kind of bad input is a RecordError with its reason, never a crash;
 JSON lines and WARC files are read with numbers for error reports."""
 
 from __future__ import annotations
@@ -13,11 +13,14 @@ from hypothesis import strategies as st
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
 
-from streamdedup.records import BadRecord, Page, page_from_json, read_jsonl, read_pages, read_warc
+from streamdedup.engine.records import Page, page_from_json, read_jsonl, read_pages, read_warc
+from streamdedup.errors import RecordError
 
 
 def test_good_record_and_defaults():
-    page = page_from_json(json.dumps({"url": "http://x/a", "content": "<p>hi</p>", "fetched_at": "2026-01-01T00:00:00Z"}))
+    page = page_from_json(
+        json.dumps({"url": "http://x/a", "content": "<p>hi</p>", "fetched_at": "2026-01-01T00:00:00Z"})
+    )
     assert page == Page("http://x/a", "http://x/a", "<p>hi</p>", None, None, "2026-01-01T00:00:00Z")
     assert page_from_json(b'{"url": "u", "content": "c", "id": "p1", "content_type": "text/plain"}').id == "p1"
 
@@ -41,7 +44,7 @@ def test_good_record_and_defaults():
     ],
 )
 def test_bad_records_have_reasons(raw, reason):
-    with pytest.raises(BadRecord) as err:
+    with pytest.raises(RecordError) as err:
         page_from_json(raw, max_bytes=100)
     assert err.value.reason == reason
     assert str(err.value).startswith(reason + ": ")
@@ -51,7 +54,7 @@ def test_bad_records_have_reasons(raw, reason):
 def test_arbitrary_bytes_never_crash(raw):
     try:
         page_from_json(raw)
-    except BadRecord:
+    except RecordError:
         pass
 
 
@@ -82,13 +85,13 @@ def test_warc_response_records_with_charset(gz, tmp_path):
     pages = [p for _, p in got if isinstance(p, Page)]
     assert [(p.url, p.content_type, p.charset) for p in pages] == [("http://x/1", "text/html", "ISO-8859-1")]
     assert pages[0].content == body and pages[0].fetched_at
-    assert [p.reason for _, p in got if isinstance(p, BadRecord)] == ["empty"]
+    assert [p.reason for _, p in got if isinstance(p, RecordError)] == ["empty"]
 
 
 def test_damaged_warc_is_reported_not_raised():
     data = _warc([("http://x/1", b"<p>ok</p>", "text/html")], gz=True)
     got = list(read_warc(io.BytesIO(data[: len(data) // 2] + b"garbage" * 50)))
-    assert any(isinstance(p, BadRecord) and p.reason == "bad_warc" for _, p in got)
+    assert any(isinstance(p, RecordError) and p.reason == "bad_warc" for _, p in got)
 
 
 def test_gzipped_jsonl(tmp_path):

@@ -4,17 +4,31 @@ from __future__ import annotations
 
 import json
 
-from streamdedup.pending import Waiting
-from streamdedup.routing import Topics, outputs, verdict_record
+from streamdedup.pipeline.pending import Waiting
+from streamdedup.pipeline.routing import Topics, outputs, verdict_record
 
 VALUE = '{"url": "http://a/é", "content": "<p>hi</p>"}'.encode()
-UPSTREAM = [("trace-id", b"t-1"), ("streamdedup-verdict", b"unique"), ("source", b"crawler-7"),
-            ("streamdedup-distance", b"0")]
+UPSTREAM = [
+    ("trace-id", b"t-1"),
+    ("streamdedup-verdict", b"unique"),
+    ("source", b"crawler-7"),
+    ("streamdedup-distance", b"0"),
+]
 
 
 def judged(best=None, headers=UPSTREAM, page_id="a/é") -> Waiting:
-    return Waiting(partition=2, offset=41, key=b"the-input-key", value=VALUE, headers=list(headers),
-                   timestamp_ms=1000, page_id=page_id, url="http://a/é", fingerprint=0xFF, best=best)
+    return Waiting(
+        partition=2,
+        offset=41,
+        key=b"the-input-key",
+        value=VALUE,
+        headers=list(headers),
+        timestamp_ms=1000,
+        page_id=page_id,
+        url="http://a/é",
+        fingerprint=0xFF,
+        best=best,
+    )
 
 
 def test_a_unique_page():
@@ -25,9 +39,17 @@ def test_a_unique_page():
     assert page.value == VALUE  # the input bytes, unchanged
     assert page.headers == [("trace-id", b"t-1"), ("source", b"crawler-7")] + ours
     assert (verdict.topic, verdict.key, verdict.headers) == ("pages.verdicts", "a/é".encode(), ours)
-    assert json.loads(verdict.value) == {"id": "a/é", "url": "http://a/é", "verdict": "unique",
-                                         "fingerprint": "00000000000000ff", "match_id": None, "match_url": None,
-                                         "distance": None, "partition": 2, "offset": 41}
+    assert json.loads(verdict.value) == {
+        "id": "a/é",
+        "url": "http://a/é",
+        "verdict": "unique",
+        "fingerprint": "00000000000000ff",
+        "match_id": None,
+        "match_url": None,
+        "distance": None,
+        "partition": 2,
+        "offset": 41,
+    }
     assert "é".encode() in verdict.value  # compact UTF-8, not \u escapes
     assert b" " not in verdict.value
 
@@ -35,15 +57,31 @@ def test_a_unique_page():
 def test_a_near_duplicate():
     best = (2, 500, 77, 0xFC, "orig/ü", "http://orig/ü")  # (distance, fetched, id hash, fingerprint, id, url)
     page, verdict = outputs(judged(best), Topics())
-    ours = [("streamdedup-verdict", b"near_duplicate"), ("streamdedup-fingerprint", b"00000000000000ff"),
-            ("streamdedup-match-id", "orig/ü".encode()), ("streamdedup-match-url", "http://orig/ü".encode()),
-            ("streamdedup-distance", b"2")]
+    ours = [
+        ("streamdedup-verdict", b"near_duplicate"),
+        ("streamdedup-fingerprint", b"00000000000000ff"),
+        ("streamdedup-match-id", "orig/ü".encode()),
+        ("streamdedup-match-url", "http://orig/ü".encode()),
+        ("streamdedup-distance", b"2"),
+    ]
     assert page.topic == "pages.near-duplicate" and page.value == VALUE and page.key == "a/é".encode()
     assert page.headers == [("trace-id", b"t-1"), ("source", b"crawler-7")] + ours
     assert verdict.headers == ours
-    assert json.loads(verdict.value) == verdict_record(judged(best)) == {
-        "id": "a/é", "url": "http://a/é", "verdict": "near_duplicate", "fingerprint": "00000000000000ff",
-        "match_id": "orig/ü", "match_url": "http://orig/ü", "distance": 2, "partition": 2, "offset": 41}
+    assert (
+        json.loads(verdict.value)
+        == verdict_record(judged(best))
+        == {
+            "id": "a/é",
+            "url": "http://a/é",
+            "verdict": "near_duplicate",
+            "fingerprint": "00000000000000ff",
+            "match_id": "orig/ü",
+            "match_url": "http://orig/ü",
+            "distance": 2,
+            "partition": 2,
+            "offset": 41,
+        }
+    )
 
 
 def test_upstream_verdict_headers_never_pass_through():
@@ -62,8 +100,12 @@ def test_a_dead_letter_keeps_its_key_value_and_headers_and_says_why():
     w = Waiting(1, 3, b"k1", b"\xff not json", list(UPSTREAM), reason="not_utf8", error="the record is not UTF-8 ‽")
     [out] = outputs(w, Topics())
     assert (out.topic, out.key, out.value) == ("pages.dead-letter", b"k1", b"\xff not json")
-    assert out.headers == [("trace-id", b"t-1"), ("source", b"crawler-7"), ("streamdedup-reason", b"not_utf8"),
-                           ("streamdedup-error", "the record is not UTF-8 ‽".encode())]
+    assert out.headers == [
+        ("trace-id", b"t-1"),
+        ("source", b"crawler-7"),
+        ("streamdedup-reason", b"not_utf8"),
+        ("streamdedup-error", "the record is not UTF-8 ‽".encode()),
+    ]
 
 
 def test_a_dead_letter_without_key_or_error():

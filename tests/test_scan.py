@@ -17,9 +17,11 @@ from warcio.warcwriter import WARCWriter
 from streamdedup import fingerprint, hamming
 from streamdedup.cli import main
 
-VOCAB = ("crawler page index shard table bits block probe fetch mirror session advert counter timestamp "
-         "kafka topic worker stream verdict near duplicate unique simhash minhash shingle window "
-         "river mountain harbour lantern garden violin cobalt saffron meadow glacier").split()
+VOCAB = (
+    "crawler page index shard table bits block probe fetch mirror session advert counter timestamp "
+    "kafka topic worker stream verdict near duplicate unique simhash minhash shingle window "
+    "river mountain harbour lantern garden violin cobalt saffron meadow glacier"
+).split()
 
 
 def article(seed: int, words: int = 400) -> str:
@@ -29,8 +31,10 @@ def article(seed: int, words: int = 400) -> str:
 
 
 def html(body: str, footer: str = "", nav: str = "<a href='/'>Home</a>") -> str:
-    return (f"<!doctype html><html><head><title>t</title><script>var x=1;</script></head><body>"
-            f"<nav>{nav}</nav><main>{body}</main><footer>{footer}</footer></body></html>")
+    return (
+        f"<!doctype html><html><head><title>t</title><script>var x=1;</script></head><body>"
+        f"<nav>{nav}</nav><main>{body}</main><footer>{footer}</footer></body></html>"
+    )
 
 
 A, B = article(1), article(2)
@@ -80,7 +84,11 @@ def test_match_is_the_closest_earlier_page(tmp_path):
     base = fingerprint(html(A))
     edits = (A.replace(w, "zz", 1) for w in VOCAB)
     changed = next(e for e in edits if 0 < hamming(fingerprint(html(e)), base) <= 3)
-    recs = [{"url": "u1", "content": html(changed)}, {"url": "u2", "content": html(A)}, {"url": "u3", "content": html(A)}]
+    recs = [
+        {"url": "u1", "content": html(changed)},
+        {"url": "u2", "content": html(A)},
+        {"url": "u3", "content": html(A)},
+    ]
     _, v = run_scan(tmp_path, jsonl(recs))
     assert v[1]["match_id"] == "u1" and v[1]["distance"] > 0
     assert v[2]["match_id"] == "u2" and v[2]["distance"] == 0  # nearest wins over oldest
@@ -141,21 +149,26 @@ def test_stdin_and_stdout(tmp_path):
 def test_bad_arguments_say_how_to_fix_them(tmp_path, args, message):
     src = tmp_path / "in.jsonl"
     src.write_bytes(jsonl(PAGES[:1]))
-    proc = subprocess.run([sys.executable, "-m", "streamdedup.cli", "scan", str(src), *args],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "streamdedup", "scan", str(src), *args], capture_output=True, text=True
+    )
     assert proc.returncode == 2
     assert message in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_missing_input_file(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "streamdedup.cli", "scan", str(tmp_path / "nope.jsonl")],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "streamdedup", "scan", str(tmp_path / "nope.jsonl")], capture_output=True, text=True
+    )
     assert proc.returncode == 2 and "does not exist" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_progress_bar_when_asked(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_bytes(jsonl(PAGES))
-    proc = subprocess.run([sys.executable, "-m", "streamdedup.cli", "scan", str(src), "--progress", "-o", "/dev/null"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "streamdedup", "scan", str(src), "--progress", "-o", "/dev/null"],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0 and "6 pages" in proc.stderr

@@ -18,12 +18,18 @@ from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamdedup.cli_options import settings_from_click, settings_options
-from streamdedup.settings import ENV_PREFIX, MASK, TOPIC_FIELDS, Settings, SettingsError
+from streamdedup.cli.options import settings_from_click, settings_options
+from streamdedup.errors import SettingsError
+from streamdedup.settings import ENV_PREFIX, MASK, TOPIC_FIELDS, Settings
+from streamdedup.stream.connection import faust_broker_url, faust_credentials
 
 FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
-SASL = {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "SCRAM-SHA-512",
-        "sasl_username": "alice", "sasl_password": "pa ss-word"}
+SASL = {
+    "security_protocol": "SASL_PLAINTEXT",
+    "sasl_mechanism": "SCRAM-SHA-512",
+    "sasl_username": "alice",
+    "sasl_password": "pa ss-word",
+}
 
 
 def build(flags: dict | None = None, env: dict | None = None) -> Settings:
@@ -47,8 +53,21 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 
 def _ec_key_and_csr(name: str, cn: str, cwd: Path) -> None:
-    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={cn}", cwd=cwd)
+    _openssl(
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.csr",
+        "-subj",
+        f"/CN={cn}",
+        cwd=cwd,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -58,16 +77,50 @@ def certs(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("certs")
     (d / "ext.cnf").write_text(EXT)
     for ca in ("ca", "other-ca"):
-        _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                 "-keyout", f"{ca}.key", "-out", f"{ca}.pem", "-days", "2", "-subj", f"/CN=streamdedup {ca}",
-                 "-addext", "basicConstraints=critical,CA:TRUE",
-                 "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=d)
+        _openssl(
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            f"{ca}.key",
+            "-out",
+            f"{ca}.pem",
+            "-days",
+            "2",
+            "-subj",
+            f"/CN=streamdedup {ca}",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+            cwd=d,
+        )
     for serial, (name, cn) in enumerate((("server", "localhost"), ("client", "streamdedup-client")), 2):
         _ec_key_and_csr(name, cn, d)
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-                 "-set_serial", str(serial), "-days", "2", "-out", f"{name}.pem", "-extfile", "ext.cnf", cwd=d)
-    _openssl("pkey", "-in", "client.key", "-aes256", "-passout", "pass:k3y-pass", "-out", "client-enc.key",
-             cwd=d)
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-set_serial",
+            str(serial),
+            "-days",
+            "2",
+            "-out",
+            f"{name}.pem",
+            "-extfile",
+            "ext.cnf",
+            cwd=d,
+        )
+    _openssl("pkey", "-in", "client.key", "-aes256", "-passout", "pass:k3y-pass", "-out", "client-enc.key", cwd=d)
     (d / "garbage.pem").write_text("not a certificate\n")
     return {p.name: p for p in d.iterdir() if p.suffix in (".pem", ".key")}
 
@@ -114,7 +167,12 @@ def test_defaults():
     assert s == Settings()
     assert s.brokers == ("127.0.0.1:9092",) and s.app_id == "streamdedup"
     assert [getattr(s, t) for t in TOPIC_FIELDS] == [
-        "pages", "pages.unique", "pages.near-duplicate", "pages.verdicts", "pages.dead-letter"]
+        "pages",
+        "pages.unique",
+        "pages.near-duplicate",
+        "pages.verdicts",
+        "pages.dead-letter",
+    ]
     assert (s.partitions, s.replication_factor, s.algorithm, s.k, s.design) == (8, 1, "simhash", 3, None)
     assert (s.threshold, s.num_perm, s.max_page_bytes) == (0.8, 128, 5 * 1024 * 1024)
     assert (s.batch_size, s.batch_timeout, s.web_host, s.web_port) == (500, 0.05, "127.0.0.1", 6066)
@@ -123,7 +181,7 @@ def test_defaults():
     assert s.sasl_password is None and s.ssl_cafile is None
     assert s.ssl_check_hostname is True and s.ssl_context() is None
     assert s.aiokafka_kwargs() == {"bootstrap_servers": ["127.0.0.1:9092"], "security_protocol": "PLAINTEXT"}
-    assert s.faust_broker_url() == "kafka://127.0.0.1:9092" and s.faust_credentials() is None
+    assert faust_broker_url(s) == "kafka://127.0.0.1:9092" and faust_credentials(s) is None
 
 
 def test_every_field_has_flag_env_help_and_parser():
@@ -144,41 +202,63 @@ def test_frozen_and_replace_revalidates():
 
 
 def test_importable_without_faust_or_aiokafka():
-    code = ("import sys; sys.modules['faust'] = None\n"
-            "from streamdedup.settings import Settings\n"
-            "s = Settings.from_sources({}, {'STREAMDEDUP_K': '2'})\n"
-            "assert s.k == 2 and 'aiokafka' not in sys.modules, sorted(sys.modules)\n")
+    code = (
+        "import sys; sys.modules['faust'] = None\n"
+        "from streamdedup.settings import Settings\n"
+        "s = Settings.from_sources({}, {'STREAMDEDUP_K': '2'})\n"
+        "assert s.k == 2 and 'aiokafka' not in sys.modules, sorted(sys.modules)\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
 
 
 # ---------------------------------------------------------------------------- sources
 
 
-@pytest.mark.parametrize("env, field, expected", [
-    ({"STREAMDEDUP_PARTITIONS": " 12 "}, "partitions", 12),
-    ({"STREAMDEDUP_MAX_PAGE_BYTES": "1_048_576"}, "max_page_bytes", 1 << 20),
-    ({"STREAMDEDUP_THRESHOLD": "0.65"}, "threshold", 0.65),
-    ({"STREAMDEDUP_BATCH_TIMEOUT": "1e-3"}, "batch_timeout", 0.001),
-    ({"STREAMDEDUP_BROKERS": "kafka://a:9092, b.example:19092 ,KAFKA://[::1]:9093,"}, "brokers",
-     ("a:9092", "b.example:19092", "[::1]:9093")),
-    ({"STREAMDEDUP_DATA_DIR": "/var/lib/sd"}, "data_dir", Path("/var/lib/sd")),
-    ({"STREAMDEDUP_DATA_DIR": "~/sd"}, "data_dir", Path("~/sd").expanduser()),
-    ({"STREAMDEDUP_ALGORITHM": "MinHash"}, "algorithm", "minhash"),
-    ({"STREAMDEDUP_LOG_LEVEL": "WARNING"}, "log_level", "warning"),
-    ({"STREAMDEDUP_DESIGN": ""}, "design", None),  # blank optional = not set
-    ({"STREAMDEDUP_DESIGN": "20"}, "design", "20"),
-])
+@pytest.mark.parametrize(
+    "env, field, expected",
+    [
+        ({"STREAMDEDUP_PARTITIONS": " 12 "}, "partitions", 12),
+        ({"STREAMDEDUP_MAX_PAGE_BYTES": "1_048_576"}, "max_page_bytes", 1 << 20),
+        ({"STREAMDEDUP_THRESHOLD": "0.65"}, "threshold", 0.65),
+        ({"STREAMDEDUP_BATCH_TIMEOUT": "1e-3"}, "batch_timeout", 0.001),
+        (
+            {"STREAMDEDUP_BROKERS": "kafka://a:9092, b.example:19092 ,KAFKA://[::1]:9093,"},
+            "brokers",
+            ("a:9092", "b.example:19092", "[::1]:9093"),
+        ),
+        ({"STREAMDEDUP_DATA_DIR": "/var/lib/sd"}, "data_dir", Path("/var/lib/sd")),
+        ({"STREAMDEDUP_DATA_DIR": "~/sd"}, "data_dir", Path("~/sd").expanduser()),
+        ({"STREAMDEDUP_ALGORITHM": "MinHash"}, "algorithm", "minhash"),
+        ({"STREAMDEDUP_LOG_LEVEL": "WARNING"}, "log_level", "warning"),
+        ({"STREAMDEDUP_DESIGN": ""}, "design", None),  # blank optional = not set
+        ({"STREAMDEDUP_DESIGN": "20"}, "design", "20"),
+    ],
+)
 def test_env_parsing(env, field, expected):
     assert getattr(build(env=env), field) == expected
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("true", True), ("TRUE", True), ("1", True), ("yes", True), ("on", True),
-    ("false", False), ("False", False), ("0", False), ("no", False), ("off", False),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("true", True),
+        ("TRUE", True),
+        ("1", True),
+        ("yes", True),
+        ("on", True),
+        ("false", False),
+        ("False", False),
+        ("0", False),
+        ("no", False),
+        ("off", False),
+    ],
+)
 def test_env_bools(certs, text, expected):
-    env = {"STREAMDEDUP_SSL_CHECK_HOSTNAME": text, "STREAMDEDUP_SECURITY_PROTOCOL": "ssl",
-           "STREAMDEDUP_SSL_CAFILE": str(certs["ca.pem"])}
+    env = {
+        "STREAMDEDUP_SSL_CHECK_HOSTNAME": text,
+        "STREAMDEDUP_SECURITY_PROTOCOL": "ssl",
+        "STREAMDEDUP_SSL_CAFILE": str(certs["ca.pem"]),
+    }
     s = build(env=env)
     assert s.ssl_check_hostname is expected and s.ssl_context().check_hostname is expected
 
@@ -285,8 +365,11 @@ GOOD = [
     ({"brokers": ["x:1", "kafka://y:2"]}, "brokers", ("x:1", "y:2")),
     ({"app_id": "a.b_c-1" + "a" * 193}, "app_id", "a.b_c-1" + "a" * 193),
     ({"pages_topic": "in." + "p" * 246}, "pages_topic", "in." + "p" * 246),
-    ({"unique_topic": "u", "near_duplicate_topic": "n", "verdicts_topic": "v", "dead_letter_topic": "d"},
-     "dead_letter_topic", "d"),
+    (
+        {"unique_topic": "u", "near_duplicate_topic": "n", "verdicts_topic": "v", "dead_letter_topic": "d"},
+        "dead_letter_topic",
+        "d",
+    ),
     ({"partitions": "1"}, "partitions", 1),
     ({"replication_factor": "3"}, "replication_factor", 3),
     ({"algorithm": "combined"}, "algorithm", "combined"),
@@ -330,11 +413,14 @@ def test_password_file_is_read_once_and_never_shown(tmp_path):
     assert "s3cret" not in repr(s) and "s3cret" not in json.dumps(s.describe())
 
 
-@pytest.mark.parametrize("make, fix", [
-    (lambda p: p / "missing", "is not a file; give the path of an existing file"),
-    (lambda p: p, "is not a file"),
-    (lambda p: (p / "empty").write_text("\n") and p / "empty", "is empty; put the password in it"),
-])
+@pytest.mark.parametrize(
+    "make, fix",
+    [
+        (lambda p: p / "missing", "is not a file; give the path of an existing file"),
+        (lambda p: p, "is not a file"),
+        (lambda p: (p / "empty").write_text("\n") and p / "empty", "is empty; put the password in it"),
+    ],
+)
 def test_password_file_errors(tmp_path, make, fix):
     with pytest.raises(SettingsError, match="^--sasl-password-file / STREAMDEDUP_SASL_PASSWORD_FILE: .*" + fix):
         build({**SASL, "sasl_password": None, "sasl_password_file": str(make(tmp_path))})
@@ -348,15 +434,17 @@ def test_unreadable_file():
         p = folder / "pw"
         p.write_text("x")
         p.chmod(0)
-        code = ("import os\n"
-                "from streamdedup.settings import Settings, SettingsError\n"
-                "if os.geteuid() == 0:\n"
-                "    os.setgid(65534); os.setuid(65534)  # nobody, after the imports\n"
-                "try:\n"
-                f"    Settings.from_sources({{'security_protocol': 'SASL_PLAINTEXT', 'sasl_mechanism': 'PLAIN',"
-                f" 'sasl_username': 'u', 'sasl_password_file': {str(p)!r}}}, {{}})\n"
-                "except SettingsError as e:\n"
-                "    print(e)\n")
+        code = (
+            "import os\n"
+            "from streamdedup.errors import SettingsError\nfrom streamdedup.settings import Settings\n"
+            "if os.geteuid() == 0:\n"
+            "    os.setgid(65534); os.setuid(65534)  # nobody, after the imports\n"
+            "try:\n"
+            f"    Settings.from_sources({{'security_protocol': 'SASL_PLAINTEXT', 'sasl_mechanism': 'PLAIN',"
+            f" 'sasl_username': 'u', 'sasl_password_file': {str(p)!r}}}, {{}})\n"
+            "except SettingsError as e:\n"
+            "    print(e)\n"
+        )
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
         assert "is not readable; fix its permissions" in out.stdout, out.stderr
     finally:
@@ -373,13 +461,19 @@ def test_password_and_password_file_together_is_an_error(tmp_path):
 
 def test_secrets_are_masked(certs):
     s = build({**SASL, "sasl_password": "hunter2-sasl"})
-    t = build(_tls(certs, ssl_certfile=str(certs["client.pem"]), ssl_keyfile=str(certs["client-enc.key"]),
-                   ssl_key_password="k3y-pass"))
+    t = build(
+        _tls(
+            certs,
+            ssl_certfile=str(certs["client.pem"]),
+            ssl_keyfile=str(certs["client-enc.key"]),
+            ssl_key_password="k3y-pass",
+        )
+    )
     for settings, secret, field in ((s, "hunter2-sasl", "sasl_password"), (t, "k3y-pass", "ssl_key_password")):
         assert secret not in repr(settings) and secret not in str(settings)
         assert settings.describe()[field] == MASK and f"{field}='***'" in repr(settings)
         assert secret not in json.dumps(settings.describe())
-    assert "hunter2" not in repr(s.faust_credentials())
+    assert "hunter2" not in repr(faust_credentials(s))
     assert build().describe()["sasl_password"] is None  # unset is not shown as set
 
 
@@ -421,16 +515,19 @@ def test_encrypted_client_key(certs):
             build({**tls, "ssl_key_password": password})
 
 
-@pytest.mark.parametrize("change, field, fix", [
-    ({"ssl_cafile": "garbage.pem"}, "ssl_cafile", "cannot load CA certificates"),
-    ({"ssl_cafile": "missing.pem"}, "ssl_cafile", "is not a file"),
-    ({"ssl_certfile": "client.pem"}, "ssl_keyfile", "is missing; --ssl-certfile and --ssl-keyfile come"),
-    ({"ssl_keyfile": "client.key"}, "ssl_certfile", "is missing; --ssl-certfile and --ssl-keyfile come"),
-    ({"ssl_key_password": "x"}, "ssl_key_password", "needs --ssl-keyfile"),
-    ({"ssl_certfile": "client.pem", "ssl_keyfile": "server.key"}, "ssl_certfile", "its key"),  # mismatched
-    ({"security_protocol": "PLAINTEXT"}, "ssl_cafile", "only used with SSL security protocols, not PLAINTEXT"),
-    ({"security_protocol": "SASL_PLAINTEXT", **SASL}, "ssl_cafile", "only used with SSL"),
-])
+@pytest.mark.parametrize(
+    "change, field, fix",
+    [
+        ({"ssl_cafile": "garbage.pem"}, "ssl_cafile", "cannot load CA certificates"),
+        ({"ssl_cafile": "missing.pem"}, "ssl_cafile", "is not a file"),
+        ({"ssl_certfile": "client.pem"}, "ssl_keyfile", "is missing; --ssl-certfile and --ssl-keyfile come"),
+        ({"ssl_keyfile": "client.key"}, "ssl_certfile", "is missing; --ssl-certfile and --ssl-keyfile come"),
+        ({"ssl_key_password": "x"}, "ssl_key_password", "needs --ssl-keyfile"),
+        ({"ssl_certfile": "client.pem", "ssl_keyfile": "server.key"}, "ssl_certfile", "its key"),  # mismatched
+        ({"security_protocol": "PLAINTEXT"}, "ssl_cafile", "only used with SSL security protocols, not PLAINTEXT"),
+        ({"security_protocol": "SASL_PLAINTEXT", **SASL}, "ssl_cafile", "only used with SSL"),
+    ],
+)
 def test_tls_file_errors(certs, tmp_path, change, field, fix):
     files = {**certs, "missing.pem": tmp_path / "missing.pem"}
     flags = {**_tls(certs), **{k: str(files.get(v, v)) for k, v in change.items()}}
@@ -450,9 +547,13 @@ def test_ssl_without_cafile_uses_the_system_cas():
 
 def test_aiokafka_kwargs(certs):
     kw = build({**SASL, "brokers": "a:1,b:2"}).aiokafka_kwargs()
-    assert kw == {"bootstrap_servers": ["a:1", "b:2"], "security_protocol": "SASL_PLAINTEXT",
-                  "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": "alice",
-                  "sasl_plain_password": "pa ss-word"}
+    assert kw == {
+        "bootstrap_servers": ["a:1", "b:2"],
+        "security_protocol": "SASL_PLAINTEXT",
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_plain_username": "alice",
+        "sasl_plain_password": "pa ss-word",
+    }
     kw = build({**SASL, **_tls(certs), "security_protocol": "SASL_SSL"}).aiokafka_kwargs()
     assert kw["security_protocol"] == "SASL_SSL" and isinstance(kw["ssl_context"], ssl.SSLContext)
     assert kw["sasl_mechanism"] == "SCRAM-SHA-512"
@@ -460,10 +561,14 @@ def test_aiokafka_kwargs(certs):
     assert set(kw) == {"bootstrap_servers", "security_protocol", "ssl_context"}
 
 
-@pytest.mark.parametrize("protocol, mechanism", [
-    ("PLAINTEXT", None), ("SSL", None),
-    *[(p, m) for p in ("SASL_PLAINTEXT", "SASL_SSL") for m in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")],
-])
+@pytest.mark.parametrize(
+    "protocol, mechanism",
+    [
+        ("PLAINTEXT", None),
+        ("SSL", None),
+        *[(p, m) for p in ("SASL_PLAINTEXT", "SASL_SSL") for m in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")],
+    ],
+)
 def test_faust_credentials_become_our_aiokafka_kwargs(certs, protocol, mechanism):
     """faust's own translation of our credentials equals aiokafka_kwargs(): one truth, two views."""
     import faust
@@ -476,7 +581,7 @@ def test_faust_credentials_become_our_aiokafka_kwargs(certs, protocol, mechanism
     if "SASL" in protocol:
         flags.update({**SASL, "sasl_mechanism": mechanism, "security_protocol": protocol})
     s = build(flags)
-    creds = s.faust_credentials()
+    creds = faust_credentials(s)
     ours = {k: v for k, v in s.aiokafka_kwargs().items() if k not in ("bootstrap_servers", "ssl_context")}
     theirs = credentials_to_aiokafka_auth(creds)
     assert {k: v for k, v in theirs.items() if k != "ssl_context" and v is not None} == ours
@@ -489,15 +594,22 @@ def test_faust_credentials_become_our_aiokafka_kwargs(certs, protocol, mechanism
         assert creds is None
 
 
-@given(st.lists(st.tuples(st.from_regex(r"[a-z][a-z0-9]{0,15}(\.[a-z][a-z0-9]{0,8}){0,2}", fullmatch=True),
-                          st.integers(1, 65535)), min_size=1, max_size=4))
+@given(
+    st.lists(
+        st.tuples(
+            st.from_regex(r"[a-z][a-z0-9]{0,15}(\.[a-z][a-z0-9]{0,8}){0,2}", fullmatch=True), st.integers(1, 65535)
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
 def test_faust_parses_our_broker_url_back(hosts):
     from faust.transport.drivers.aiokafka import server_list
     from faust.utils.urls import urllist
 
     brokers = [f"{h}:{p}" for h, p in hosts]
     s = Settings.from_sources({"brokers": ",".join(brokers)}, {})
-    assert server_list(urllist(s.faust_broker_url(), default_scheme="kafka"), 9092) == brokers
+    assert server_list(urllist(faust_broker_url(s), default_scheme="kafka"), 9092) == brokers
 
 
 # ---------------------------------------------------------------------------- click
@@ -515,8 +627,7 @@ def test_click_bad_value_is_a_one_line_usage_error():
     result = CliRunner().invoke(_cmd, ["--k", "40"])
     assert result.exit_code == 2
     errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
-    assert errors == ["Error: --k / STREAMDEDUP_K: 40 is out of range; use a small number of bits such as 3 "
-                      "(0..16)"]
+    assert errors == ["Error: --k / STREAMDEDUP_K: 40 is out of range; use a small number of bits such as 3 (0..16)"]
     assert "Traceback" not in result.output
 
 

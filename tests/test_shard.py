@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamdedup.shard import Shard, ShardPlan, StringHeap
-from streamdedup.tables import TableDesign
+from streamdedup.index.tables import TableDesign
+from streamdedup.pipeline.shard import Shard, ShardPlan, StringHeap
 
 
 def pages(seed: int, n: int):
@@ -62,8 +62,14 @@ def sharded(plan: ShardPlan, fps, fetched, id_hash, ids, batch: int):
             page_idx = pages_[page_idx]
             if not len(page_idx):
                 continue
-            ans = shard.probe_and_insert(group, fps[page_idx], fetched[page_idx], id_hash[page_idx],
-                                         [ids[i] for i in page_idx], [f"u/{ids[i]}" for i in page_idx])
+            ans = shard.probe_and_insert(
+                group,
+                fps[page_idx],
+                fetched[page_idx],
+                id_hash[page_idx],
+                [ids[i] for i in page_idx],
+                [f"u/{ids[i]}" for i in page_idx],
+            )
             for j, i in enumerate(page_idx.tolist()):
                 if ans.distance[j] < 0:
                     continue
@@ -99,8 +105,14 @@ def test_replays_are_idempotent_and_never_match_themselves():
     parts = plan.probes(fps)
     for p, shard in enumerate(shards):
         page_idx, group = np.nonzero(parts == p)
-        ans = shard.probe_and_insert(group, fps[page_idx], fetched[page_idx], id_hash[page_idx],
-                                     [ids[i] for i in page_idx], [f"u/{ids[i]}" for i in page_idx])
+        ans = shard.probe_and_insert(
+            group,
+            fps[page_idx],
+            fetched[page_idx],
+            id_hash[page_idx],
+            [ids[i] for i in page_idx],
+            [f"u/{ids[i]}" for i in page_idx],
+        )
         assert all(m is None or m != ids[i] for m, i in zip(ans.ids, page_idx.tolist()))
     assert sum(len(s) for s in shards) == size
 

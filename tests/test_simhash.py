@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streamdedup import fingerprint, hamming
-from streamdedup.simhash import from_hex, hamming_many, simhash, simhash_many, to_hex
+from streamdedup.fingerprinting.simhash import from_hex, hamming_many, simhash, simhash_many, to_hex
 
 
 def charikar(features: list[int]) -> int:
@@ -57,9 +57,17 @@ def test_bad_hex(bad):
 
 
 GOLDEN = {
-    "ascii": ("text/plain", "The quick brown fox jumps over the lazy dog while the crawler fetches it again.", "5810709d0212fc88"),
-    "html": ("text/html", "<html><head><style>p{}</style></head><body><nav>Home</nav><p>The quick <b>brown</b> "
-                          "fox&nbsp;jumps over the lazy dog while the crawler fetches it again.</p></body></html>", "5810709d0212fc88"),
+    "ascii": (
+        "text/plain",
+        "The quick brown fox jumps over the lazy dog while the crawler fetches it again.",
+        "5810709d0212fc88",
+    ),
+    "html": (
+        "text/html",
+        "<html><head><style>p{}</style></head><body><nav>Home</nav><p>The quick <b>brown</b> "
+        "fox&nbsp;jumps over the lazy dog while the crawler fetches it again.</p></body></html>",
+        "5810709d0212fc88",
+    ),
     "latin": ("text/plain", "Ça coûte cher: l'été à Zürich, naïve façade, São Paulo, Ærøskøbing.", "79897e06142a65ea"),
     "cjk": ("text/plain", "東京タワーは日本の電波塔です。中文网页的近似重复检测。", "16dc01788dd73b43"),
     "arabic": ("text/plain", "مرحبا بالعالم، هذه صفحة ويب مكررة تقريبا", "306c43a129c1c9c8"),
@@ -79,6 +87,14 @@ def test_html_and_its_text_agree():
 
 def test_same_bits_in_a_fresh_process_with_another_hash_seed():
     code = "import streamdedup as s; print(s.fingerprint('Même page, 同じページ 🚀', 'text/plain'))"
-    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           env={"PYTHONHASHSEED": seed, "PATH": ""}).stdout for seed in ("0", "12345")}
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PYTHONHASHSEED": seed, "PATH": ""},
+        ).stdout
+        for seed in ("0", "12345")
+    }
     assert outs == {f"{fingerprint('Même page, 同じページ 🚀', 'text/plain')}\n"}

@@ -8,19 +8,27 @@ import urllib.error
 import urllib.request
 
 import pytest
-
 from sites import dedup_site, html_urls, near_duplicate_pairs, serve_site  # tests/ is on sys.path
-from streamdedup.dedup import Deduplicator
-from streamdedup.fingerprint import page_text, simhash_texts
-from streamdedup.records import Page
+
+from streamdedup.engine.dedup import Deduplicator
+from streamdedup.engine.records import Page, page_text
+from streamdedup.fingerprinting.pages import simhash_texts
 
 
 def test_near_duplicate_pairs_are_exactly_what_scan_flags():
     site = dedup_site()
     base = "http://site"
     html = sorted(html_urls(site, base))
-    pages = [Page(url, url, site[url.removeprefix(base)].body, "text/html",
-                  site[url.removeprefix(base)].content_type.partition("charset=")[2] or None) for url in html]
+    pages = [
+        Page(
+            url,
+            url,
+            site[url.removeprefix(base)].body,
+            "text/html",
+            site[url.removeprefix(base)].content_type.partition("charset=")[2] or None,
+        )
+        for url in html
+    ]
     verdicts = Deduplicator("simhash", k=3).process(html, html, [page_text(p) for p in pages])
     flagged = {frozenset((v.url, v.match_url)) for v in verdicts if v.verdict == "near_duplicate"}
     assert flagged == near_duplicate_pairs(base)

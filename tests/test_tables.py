@@ -8,7 +8,7 @@ from itertools import combinations
 import numpy as np
 import pytest
 
-from streamdedup.tables import DESIGNS, TableDesign
+from streamdedup.index.tables import DESIGNS, TableDesign
 
 
 @pytest.mark.parametrize("name, tables, key_bits", [("20", 20, 31), ("16", 16, 28), ("10", 10, 25), ("4", 4, 16)])
@@ -30,7 +30,9 @@ def test_packed_keys_equal_for_neighbours():
     d = TableDesign.named("16")
     rng = np.random.default_rng(1)
     fps = rng.integers(0, 2**64 - 1, size=200, dtype=np.uint64, endpoint=True)
-    flips = np.array([(1 << a) | (1 << b) | (1 << c) for a, b, c in rng.integers(0, 64, size=(200, 3))], dtype=np.uint64)
+    flips = np.array(
+        [(1 << a) | (1 << b) | (1 << c) for a, b, c in rng.integers(0, 64, size=(200, 3))], dtype=np.uint64
+    )
     same = d.packed_keys(fps) == d.packed_keys(fps ^ flips)
     assert same.any(axis=0).all()
     # table numbers sit in the top 4 bits
@@ -39,9 +41,13 @@ def test_packed_keys_equal_for_neighbours():
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [({"k": 3, "levels": (3, 4)}, "more blocks than k"), ({"f": 32}, "64 bits"), ({"k": 64}, "0..63"),
-     ({"k": 3, "levels": (32,)}, "4960 tables"),
-     ({"k": 1, "levels": (40, 40)}, "splits 25 bits into 40 blocks")],
+    [
+        ({"k": 3, "levels": (3, 4)}, "more blocks than k"),
+        ({"f": 32}, "64 bits"),
+        ({"k": 64}, "0..63"),
+        ({"k": 3, "levels": (32,)}, "4960 tables"),
+        ({"k": 1, "levels": (40, 40)}, "splits 25 bits into 40 blocks"),
+    ],
 )
 def test_bad_designs_are_rejected_with_a_hint(kwargs, message):
     with pytest.raises(ValueError, match=message):

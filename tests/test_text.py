@@ -1,4 +1,5 @@
-"""Tests for streamdedup.text: raw page -> visible main text."""
+"""Tests for streamdedup.fingerprinting.text: raw page -> visible main text."""
+
 from __future__ import annotations
 
 import pickle
@@ -9,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamdedup.text import PageError, decode_body, normalize_text, sniff_content_type, visible_text
+from streamdedup.errors import RecordError
+from streamdedup.fingerprinting.text import decode_body, normalize_text, sniff_content_type, visible_text
 
 DATA = Path(__file__).parent / "data" / "html"
 BLOG = (DATA / "blog_post.html").read_text(encoding="utf-8")
@@ -88,8 +90,15 @@ def test_nfkc_and_invisible_chars(raw, expected):
 
 
 def test_normalize_keeps_meaningful_unicode():
-    for s in ("Привет, мир", "中文文本、测试", "مرحبا بالعالم", "emoji 👩\u200d👩\u200d👧 ok", "नमस्ते दुनिया",
-              "한국어 텍스트", "Tiếng Việt có dấu"):
+    for s in (
+        "Привет, мир",
+        "中文文本、测试",
+        "مرحبا بالعالم",
+        "emoji 👩\u200d👩\u200d👧 ok",
+        "नमस्ते दुनिया",
+        "한국어 텍스트",
+        "Tiếng Việt có dấu",
+    ):
         assert normalize_text(s) == s
 
 
@@ -195,8 +204,10 @@ def test_innocent_markup_kept(snippet):
 
 
 def test_article_header_kept_site_header_dropped():
-    html = page("<header>Site name</header><article><header><h1>Title</h1><p>by me</p></header>"
-                "<p>Body</p><footer>tags</footer></article><footer>copyright</footer>")
+    html = page(
+        "<header>Site name</header><article><header><h1>Title</h1><p>by me</p></header>"
+        "<p>Body</p><footer>tags</footer></article><footer>copyright</footer>"
+    )
     assert vt(html) == "Title by me Body"
 
 
@@ -206,8 +217,10 @@ def test_main_header_kept():
 
 def test_wrapping_form_kept():
     # ASP.NET WebForms wrap the whole page in one <form>.
-    html = page('<form id="aspnetForm" method="post"><input type="hidden" name="__VIEWSTATE" value="x">'
-                "<h1>Title</h1><p>Body text</p></form>")
+    html = page(
+        '<form id="aspnetForm" method="post"><input type="hidden" name="__VIEWSTATE" value="x">'
+        "<h1>Title</h1><p>Body text</p></form>"
+    )
     assert vt(html) == "Title Body text"
     assert vt(page("<form><main><p>Body text</p></main></form>")) == "Body text"
 
@@ -229,29 +242,43 @@ def test_blog_fixture():
 # ------------------------------------------------------------------ invariance
 
 
-BASE = page("<main><h1>Title</h1><p>First <b>bold</b> para, with a <a href='/x'>link</a>.</p>"
-            "<ul><li>one</li><li>two</li></ul><p>Caf&eacute; &amp; more.</p></main>")
+BASE = page(
+    "<main><h1>Title</h1><p>First <b>bold</b> para, with a <a href='/x'>link</a>.</p>"
+    "<ul><li>one</li><li>two</li></ul><p>Caf&eacute; &amp; more.</p></main>"
+)
 VARIANTS = [
     # attributes added, reordered, re-quoted
-    page("<main class=c id=m><h1 id=\"t\" class='x'>Title</h1><p data-a=1 title=t>First <b class=b>bold</b> para, "
-         "with a <a title='T' href=\"/x\" rel=nofollow>link</a>.</p><ul><li>one</li><li>two</li></ul>"
-         "<p>Caf&eacute; &amp; more.</p></main>"),
+    page(
+        "<main class=c id=m><h1 id=\"t\" class='x'>Title</h1><p data-a=1 title=t>First <b class=b>bold</b> para, "
+        "with a <a title='T' href=\"/x\" rel=nofollow>link</a>.</p><ul><li>one</li><li>two</li></ul>"
+        "<p>Caf&eacute; &amp; more.</p></main>"
+    ),
     # inline tag names swapped
-    page("<main><h1>Title</h1><p>First <strong>bold</strong> para, with a <span>link</span>.</p>"
-         "<ul><li>one</li><li>two</li></ul><p>Caf&eacute; &amp; more.</p></main>"),
+    page(
+        "<main><h1>Title</h1><p>First <strong>bold</strong> para, with a <span>link</span>.</p>"
+        "<ul><li>one</li><li>two</li></ul><p>Caf&eacute; &amp; more.</p></main>"
+    ),
     # whitespace / indentation / newlines
-    page("\n<main>\n  <h1>\n    Title\n  </h1>\n  <p>First   <b>bold</b>\n  para,\twith a <a href='/x'>link</a>.</p>\n"
-         "  <ul>\n    <li>one</li>\n    <li>two</li>\n  </ul>\n  <p>Caf&eacute; &amp; more.</p>\n</main>\n"),
+    page(
+        "\n<main>\n  <h1>\n    Title\n  </h1>\n  <p>First   <b>bold</b>\n  para,\twith a <a href='/x'>link</a>.</p>\n"
+        "  <ul>\n    <li>one</li>\n    <li>two</li>\n  </ul>\n  <p>Caf&eacute; &amp; more.</p>\n</main>\n"
+    ),
     # comments
-    page("<!-- top --><main><h1>Ti<!-- x -->tle</h1><p>First <b>bold</b> para, with a <a href='/x'>link</a>.</p>"
-         "<!-- mid --><ul><li>one</li><!----><li>two</li></ul><p>Caf&eacute; &amp; more.</p></main>"),
+    page(
+        "<!-- top --><main><h1>Ti<!-- x -->tle</h1><p>First <b>bold</b> para, with a <a href='/x'>link</a>.</p>"
+        "<!-- mid --><ul><li>one</li><!----><li>two</li></ul><p>Caf&eacute; &amp; more.</p></main>"
+    ),
     # entity vs literal character
-    page("<main><h1>Title</h1><p>First <b>bold</b> para, with a <a href='/x'>link</a>&#46;</p>"
-         "<ul><li>one</li><li>two</li></ul><p>Café &#38; more.</p></main>"),
+    page(
+        "<main><h1>Title</h1><p>First <b>bold</b> para, with a <a href='/x'>link</a>&#46;</p>"
+        "<ul><li>one</li><li>two</li></ul><p>Café &#38; more.</p></main>"
+    ),
     # added wrapper divs and sections, different class names
-    page("<div class=wrap><div class=inner><main><section class=content-area><h1>Title</h1>"
-         "<div class=text><p>First <b>bold</b> para, with a <a href='/x'>link</a>.</p></div>"
-         "<ul class=list><li>one</li><li>two</li></ul><p>Caf&eacute; &amp; more.</p></section></main></div></div>"),
+    page(
+        "<div class=wrap><div class=inner><main><section class=content-area><h1>Title</h1>"
+        "<div class=text><p>First <b>bold</b> para, with a <a href='/x'>link</a>.</p></div>"
+        "<ul class=list><li>one</li><li>two</li></ul><p>Caf&eacute; &amp; more.</p></section></main></div></div>"
+    ),
     # upper-case tags, omitted end tags
     "<HTML><BODY><MAIN><H1>Title</H1><P>First <B>bold</B> para, with a <A HREF='/x'>link</A>."
     "<UL><LI>one<LI>two</UL><P>Caf&eacute; &amp; more.</MAIN></BODY></HTML>",
@@ -285,8 +312,10 @@ def test_boilerplate_only_differences_identical(old, new):
 
 def test_mirror_without_chrome_identical():
     content = BLOG.split('<div class="entry-content">')[1].split("</article>")[0]
-    bare = page('<main><article><header><h1 class="entry-title">Why Sourdough Rises</h1>'
-                "<div>Posted on <time>March 1, 2024</time></div></header>" + content + "</article></main>")
+    bare = page(
+        '<main><article><header><h1 class="entry-title">Why Sourdough Rises</h1>'
+        "<div>Posted on <time>March 1, 2024</time></div></header>" + content + "</article></main>"
+    )
     assert vt(bare) == BLOG_TEXT.replace("Skip to content ", "")
 
 
@@ -302,8 +331,10 @@ def test_header_charset():
 def test_meta_charset():
     raw = ('<html><head><meta charset="windows-1251"></head><body><p>Привет</p></body></html>').encode("cp1251")
     assert vt(raw) == "Привет"
-    raw = ('<html><head><meta http-equiv="Content-Type" content="text/html; charset=Shift_JIS"></head>'
-           "<body><p>日本語のテキスト</p></body></html>").encode("shift_jis")
+    raw = (
+        '<html><head><meta http-equiv="Content-Type" content="text/html; charset=Shift_JIS"></head>'
+        "<body><p>日本語のテキスト</p></body></html>"
+    ).encode("shift_jis")
     assert vt(raw) == "日本語のテキスト"
     assert visible_text(raw) == "日本語のテキスト"  # sniffed type, meta charset
 
@@ -313,15 +344,17 @@ def test_xml_declaration_encoding():
     assert visible_text(raw, "application/xhtml+xml") == "café"
 
 
-@pytest.mark.parametrize("bom, enc", [(b"\xef\xbb\xbf", "utf-8"), (b"\xff\xfe", "utf-16-le"),
-                                     (b"\xfe\xff", "utf-16-be")])
+@pytest.mark.parametrize(
+    "bom, enc", [(b"\xef\xbb\xbf", "utf-8"), (b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be")]
+)
 def test_bom(bom, enc):
     raw = bom + page("<p>naïve 日本</p>").encode(enc)
     assert vt(raw, charset="iso-8859-1") == "naïve 日本"  # BOM beats the header
 
 
-@pytest.mark.parametrize("raw, expected", [(b"\x00", ""), (b"ab\x00", "ab"), (b"\xff", "ÿ"), (b"\x80abc", "€abc"),
-                                           (b"<p>x\x00y</p>", "xy")])
+@pytest.mark.parametrize(
+    "raw, expected", [(b"\x00", ""), (b"ab\x00", "ab"), (b"\xff", "ÿ"), (b"\x80abc", "€abc"), (b"<p>x\x00y</p>", "xy")]
+)
 def test_tiny_odd_inputs(raw, expected):
     assert visible_text(raw) == expected
 
@@ -344,7 +377,8 @@ def test_latin1_declared_as_utf8():
 
 def test_utf8_declared_as_latin1():
     assert vt(page("<p>Crème brûlée — “quoted” 日本</p>").encode("utf-8"), charset="iso-8859-1") == (
-        "Crème brûlée — “quoted” 日本")
+        "Crème brûlée — “quoted” 日本"
+    )
 
 
 def test_mostly_utf8_with_a_bad_byte_stays_utf8():
@@ -364,7 +398,7 @@ def test_iso2022jp():
 
 def test_decode_body():
     assert decode_body(b"plain ascii") == "plain ascii"
-    assert decode_body("é".encode("utf-8")) == "é"
+    assert decode_body("é".encode()) == "é"
     assert decode_body("é".encode("cp1252")) == "é"
     assert decode_body(b"\xef\xbb\xbfhi") == "hi"
     assert decode_body("ü".encode("latin-1"), content_type="text/plain; charset=ISO-8859-1") == "ü"
@@ -389,16 +423,16 @@ def test_decode_body():
     ],
 )
 def test_binary(raw):
-    with pytest.raises(PageError) as e:
+    with pytest.raises(RecordError) as e:
         visible_text(raw)
     assert e.value.reason == "binary"
-    with pytest.raises(PageError):
+    with pytest.raises(RecordError):
         decode_body(raw)
 
 
 @pytest.mark.parametrize("content", [b"", "", "   ", b" \n\t\r ", None])
 def test_empty(content):
-    with pytest.raises(PageError) as e:
+    with pytest.raises(RecordError) as e:
         visible_text(content)
     assert e.value.reason == "empty"
 
@@ -410,7 +444,7 @@ def test_empty_result_is_allowed():
 
 @pytest.mark.parametrize("ctype", ["image/png", "application/json", "application/pdf", "text/css", "video/mp4"])
 def test_not_text(ctype):
-    with pytest.raises(PageError) as e:
+    with pytest.raises(RecordError) as e:
         visible_text(b"<p>x</p>", ctype)
     assert e.value.reason == "not_text"
 
@@ -423,8 +457,10 @@ def test_odd_argument_types():
 
 
 def test_page_error():
-    err = PageError("binary", "nope")
-    assert isinstance(err, ValueError) and err.reason == "binary" and str(err) == "nope"
+    err = RecordError("binary", "nope")
+    assert (
+        isinstance(err, ValueError) and err.reason == "binary" and str(err) == "binary: nope" and err.message == "nope"
+    )
     copy = pickle.loads(pickle.dumps(err))
     assert (copy.reason, copy.message) == ("binary", "nope")
 
@@ -436,7 +472,8 @@ def test_plain_text_passthrough():
     raw = "  Line one\n\nline  two &amp; <p> tags stay\tliteral  ﬁ "
     assert visible_text(raw, "text/plain") == "Line one line two &amp; <p> tags stay literal fi"
     assert visible_text(raw.encode("utf-8"), "text/plain; charset=utf-8") == (
-        "Line one line two &amp; <p> tags stay literal fi")
+        "Line one line two &amp; <p> tags stay literal fi"
+    )
     assert visible_text("just some words, 1 < 2") == "just some words, 1 < 2"  # sniffed as plain
 
 
@@ -474,7 +511,7 @@ def test_unknown_content_type_is_sniffed():
         "<<<<>>>><<p>>a",
         "<div><p>unclosed <b>bold <i>italic",
         "<html><body><p>truncated in the mid",
-        "<p>truncated tag <a href=\"http://exa",
+        '<p>truncated tag <a href="http://exa',
         "</p></div></body></html>stray closers",
         "<table><tr>text in table<td>cell</table>",
         "<p>nul\x00 in the middle</p>",
@@ -502,8 +539,15 @@ def test_text_contents_of_broken_html():
     assert vt("<p>" + "<div>" * 20000 + "deep" + "</div>" * 20000) == "deep"
 
 
-@pytest.mark.parametrize("soup", [b"<div>" * 200_000, b"<ul><li>x" * 100_000, b"<UL\tclass=a><li>x" * 100_000,
-                                  b"<div>" * 60_000 + b"deep" + b"</div>" * 60_000])
+@pytest.mark.parametrize(
+    "soup",
+    [
+        b"<div>" * 200_000,
+        b"<ul><li>x" * 100_000,
+        b"<UL\tclass=a><li>x" * 100_000,
+        b"<div>" * 60_000 + b"deep" + b"</div>" * 60_000,
+    ],
+)
 def test_pathological_nesting_is_fast(soup):
     # lexbor's tree builder is quadratic in the depth of nested block elements
     t0 = time.perf_counter()
@@ -531,12 +575,15 @@ TEXT_OR_PAGE_ERROR = settings(max_examples=300, deadline=None, suppress_health_c
 
 
 @TEXT_OR_PAGE_ERROR
-@given(st.binary(max_size=3000), st.sampled_from([None, "text/html", "text/plain", "", "application/octet-stream"]),
-       st.sampled_from([None, "utf-8", "latin-1", "shift_jis", "utf-16", "bogus", "base64"]))
+@given(
+    st.binary(max_size=3000),
+    st.sampled_from([None, "text/html", "text/plain", "", "application/octet-stream"]),
+    st.sampled_from([None, "utf-8", "latin-1", "shift_jis", "utf-16", "bogus", "base64"]),
+)
 def test_fuzz_bytes(raw, ctype, charset):
     try:
         assert isinstance(visible_text(raw, ctype, charset), str)
-    except PageError as e:
+    except RecordError as e:
         assert e.reason in {"empty", "binary", "not_text", "unparsable"}
 
 
@@ -545,7 +592,7 @@ def test_fuzz_bytes(raw, ctype, charset):
 def test_fuzz_text(text, ctype):
     try:
         out = visible_text(text, ctype)
-    except PageError as e:
+    except RecordError as e:
         assert e.reason in {"empty", "binary"}
     else:
         assert out == out.strip() and "  " not in out and "\n" not in out
@@ -553,14 +600,41 @@ def test_fuzz_text(text, ctype):
 
 
 @TEXT_OR_PAGE_ERROR
-@given(st.text(alphabet=st.characters(codec=None), max_size=300)
-       | st.lists(st.sampled_from(["a", "e", " ", "\n", "\u0301", "\u0327", "\u1100", "\u1161", "\u11a8", "…", "ﬁ",
-                                   "ｶ", "ﾞ", "\u00ad", "\u200b", "\u200d", "\xa0", "\u3000", "Ａ", "½", "\u00a8"]),
-                  max_size=40).map("".join))
+@given(
+    st.text(alphabet=st.characters(codec=None), max_size=300)
+    | st.lists(
+        st.sampled_from(
+            [
+                "a",
+                "e",
+                " ",
+                "\n",
+                "\u0301",
+                "\u0327",
+                "\u1100",
+                "\u1161",
+                "\u11a8",
+                "…",
+                "ﬁ",
+                "ｶ",
+                "ﾞ",
+                "\u00ad",
+                "\u200b",
+                "\u200d",
+                "\xa0",
+                "\u3000",
+                "Ａ",
+                "½",
+                "\u00a8",
+            ]
+        ),
+        max_size=40,
+    ).map("".join)
+)
 def test_normalize_matches_reference(s):
     import unicodedata
 
-    from streamdedup.text import _JUNK
+    from streamdedup.fingerprinting.text import _JUNK
 
     assert normalize_text(s) == " ".join(unicodedata.normalize("NFKC", _JUNK.sub("", s)).split())
 
@@ -568,9 +642,10 @@ def test_normalize_matches_reference(s):
 _TAGS = ["p", "div", "b", "i", "span", "a", "script", "style", "nav", "li", "ul", "table", "td", "br", "x-y"]
 html_soup = st.lists(
     st.one_of(
-        st.sampled_from([f"<{t}>" for t in _TAGS] + [f"</{t}>" for t in _TAGS]
-                        + ["<!--", "-->", "&amp;", "&#", "<", ">"]),
-        st.sampled_from(['<div class="nav">', '<span hidden>', '<p style="display:none">', '<div role="main">']),
+        st.sampled_from(
+            [f"<{t}>" for t in _TAGS] + [f"</{t}>" for t in _TAGS] + ["<!--", "-->", "&amp;", "&#", "<", ">"]
+        ),
+        st.sampled_from(['<div class="nav">', "<span hidden>", '<p style="display:none">', '<div role="main">']),
         st.text(max_size=12),
     ),
     max_size=60,
@@ -582,7 +657,7 @@ html_soup = st.lists(
 def test_fuzz_html_soup(html):
     try:
         out = visible_text(html, "text/html")
-    except PageError as e:
+    except RecordError as e:
         assert e.reason in {"empty", "binary"}
     else:
         assert out == normalize_text(out)  # already normalised: idempotent

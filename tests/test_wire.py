@@ -4,27 +4,42 @@ values, and a shard rebuilt from its changelog answers the same."""
 from __future__ import annotations
 
 import numpy as np
-import xxhash
 import pytest
+import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamdedup.wire import ANSWERS, CHANGELOG, PROBES, Batch, decode, encode
-from streamdedup.shard import Shard, ShardPlan
-from streamdedup.tables import TableDesign
+from streamdedup.index.tables import TableDesign
+from streamdedup.pipeline.shard import Shard, ShardPlan
+from streamdedup.pipeline.wire import ANSWERS, CHANGELOG, PROBES, Batch, decode, encode
 
 TEXT = st.text(max_size=40)
 ID = st.text(min_size=1, max_size=40) | st.just("http://same/")  # never empty; sometimes the url itself
 
 
-@given(st.lists(st.tuples(st.integers(0, 65535), st.integers(0, 2**64 - 1), st.integers(-(2**63), 2**63 - 1),
-                          st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1), st.integers(-1, 64),
-                          st.integers(0, 2**31), ID, ID), min_size=0, max_size=30),
-       st.integers(1, 3))
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 65535),
+            st.integers(0, 2**64 - 1),
+            st.integers(-(2**63), 2**63 - 1),
+            st.integers(0, 2**64 - 1),
+            st.integers(0, 2**64 - 1),
+            st.integers(-1, 64),
+            st.integers(0, 2**31),
+            ID,
+            ID,
+        ),
+        min_size=0,
+        max_size=30,
+    ),
+    st.integers(1, 3),
+)
 def test_round_trip(rows, parts):
     g, fp, f, h, req, dist, part, ids, urls = (list(c) for c in zip(*rows)) if rows else ([],) * 9
-    b = Batch.build(group=g, fps=fp, fetched=f, id_hash=h, request=req, distance=dist, partition=part, ids=ids,
-                    urls=urls)
+    b = Batch.build(
+        group=g, fps=fp, fetched=f, id_hash=h, request=req, distance=dist, partition=part, ids=ids, urls=urls
+    )
     # a batch may arrive split over several messages: decoding them together gives the rows in order
     cut = np.array_split(np.arange(len(ids)), parts)
     d = decode([encode(b.select(c), PROBES) for c in cut], PROBES)
@@ -41,14 +56,17 @@ def test_round_trip(rows, parts):
 _ONE = encode(Batch.build(group=1, fps=2, fetched=3, id_hash=4, ids=["id"], urls=["url"]), CHANGELOG)
 
 
-@pytest.mark.parametrize("value, kind, message", [
-    (b"short", None, "shorter than its header"),
-    (b"XXXX" + _ONE[4:], None, "not a streamdedup batch"),
-    (_ONE + b"x", None, "do not add up"),
-    (_ONE[:-1], None, "do not add up"),
-    (_ONE[:20], None, "buffer is smaller"),  # rows cut short
-    (_ONE, ANSWERS, "expected a batch of kind 2, got kind 3"),
-])
+@pytest.mark.parametrize(
+    "value, kind, message",
+    [
+        (b"short", None, "shorter than its header"),
+        (b"XXXX" + _ONE[4:], None, "not a streamdedup batch"),
+        (_ONE + b"x", None, "do not add up"),
+        (_ONE[:-1], None, "do not add up"),
+        (_ONE[:20], None, "buffer is smaller"),  # rows cut short
+        (_ONE, ANSWERS, "expected a batch of kind 2, got kind 3"),
+    ],
+)
 def test_malformed_values_are_rejected(value, kind, message):
     with pytest.raises(ValueError, match=message):
         decode([value], kind)
@@ -67,15 +85,31 @@ def test_a_shard_rebuilt_from_its_changelog_answers_the_same():
         hashes = np.array([xxhash.xxh3_64_intdigest(i.encode()) for i in ids], dtype=np.uint64)
         ans = live.probe_and_insert(groups, fps4, fetched, hashes, ids, [f"u/{i}" for i in ids])
         s = ans.stored
-        log.append(encode(Batch.build(group=groups[s], fps=fps4[s], fetched=fetched[s], id_hash=hashes[s],
-                                      ids=[i for i, m in zip(ids, s) if m],
-                                      urls=[f"u/{i}" for i, m in zip(ids, s) if m]), CHANGELOG))
+        log.append(
+            encode(
+                Batch.build(
+                    group=groups[s],
+                    fps=fps4[s],
+                    fetched=fetched[s],
+                    id_hash=hashes[s],
+                    ids=[i for i, m in zip(ids, s) if m],
+                    urls=[f"u/{i}" for i, m in zip(ids, s) if m],
+                ),
+                CHANGELOG,
+            )
+        )
     rebuilt = Shard(plan)
     rebuilt.restore(decode(log))
     assert len(rebuilt) == len(live)
     probe = rng.integers(0, 2**20, size=100, dtype=np.uint64)
-    args = (np.tile(np.arange(4), 100), np.repeat(probe, 4), np.full(400, 10**9), np.full(400, 7, np.uint64),
-            ["new"] * 400, ["u/new"] * 400)
+    args = (
+        np.tile(np.arange(4), 100),
+        np.repeat(probe, 4),
+        np.full(400, 10**9),
+        np.full(400, 7, np.uint64),
+        ["new"] * 400,
+        ["u/new"] * 400,
+    )
     a, b = live.probe_and_insert(*args), rebuilt.probe_and_insert(*args)
     assert a.ids == b.ids and (a.distance == b.distance).all() and (a.distance >= 0).any()
 
@@ -87,16 +121,27 @@ def test_a_snapshot_loads_into_a_shard_that_answers_the_same(tmp_path):
     for batch in range(4):
         fps = rng.integers(0, 2**20, size=300, dtype=np.uint64)
         ids = [f"p{batch}-{i}" for i in range(300) for _ in range(4)]
-        live.probe_and_insert(np.tile(np.arange(4), 300), np.repeat(fps, 4), np.repeat(np.arange(300) + 300 * batch, 4),
-                              np.array([xxhash.xxh3_64_intdigest(i.encode()) for i in ids], dtype=np.uint64),
-                              ids, [f"ü/{i}" for i in ids])
+        live.probe_and_insert(
+            np.tile(np.arange(4), 300),
+            np.repeat(fps, 4),
+            np.repeat(np.arange(300) + 300 * batch, 4),
+            np.array([xxhash.xxh3_64_intdigest(i.encode()) for i in ids], dtype=np.uint64),
+            ids,
+            [f"ü/{i}" for i in ids],
+        )
     path = tmp_path / "shard-0.npz"
     live.save(path, {"changelog_offset": 1234})
     loaded, meta = Shard.load(path, plan)
     assert meta == {"changelog_offset": 1234} and len(loaded) == len(live)
     probe = rng.integers(0, 2**20, size=100, dtype=np.uint64)
-    args = (np.tile(np.arange(4), 100), np.repeat(probe, 4), np.full(400, 10**9), np.full(400, 7, np.uint64),
-            ["new"] * 400, ["u/new"] * 400)
+    args = (
+        np.tile(np.arange(4), 100),
+        np.repeat(probe, 4),
+        np.full(400, 10**9),
+        np.full(400, 7, np.uint64),
+        ["new"] * 400,
+        ["u/new"] * 400,
+    )
     a, b = live.probe_and_insert(*args), loaded.probe_and_insert(*args)
     assert a.ids == b.ids and a.urls == b.urls and (a.distance == b.distance).all() and (a.distance >= 0).any()
 

@@ -21,8 +21,14 @@ def read_topic(kafka, topic: str, timeout: float = 20.0) -> list[ConsumerRecord]
 
 
 async def _read(client_kwargs: dict, topic: str, timeout: float) -> list[ConsumerRecord]:
-    consumer = AIOKafkaConsumer(topic, **client_kwargs, group_id=None, auto_offset_reset="earliest",
-                                enable_auto_commit=False, isolation_level="read_committed")
+    consumer = AIOKafkaConsumer(
+        topic,
+        **client_kwargs,
+        group_id=None,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+    )
     await consumer.start()  # (no group: every partition is assigned by now, read from its start)
     try:
         tps = list(consumer.assignment())

@@ -62,11 +62,20 @@ def main() -> int:
     RUN.mkdir(exist_ok=True)
     kafka_port, controller_port, sasl_port, web_port = free_ports(4)
     bootstrap = f"127.0.0.1:{kafka_port}"
-    kafka_env = {**os.environ, "KAFKA_NAME": "demo", "KAFKA_PORT": str(kafka_port),
-                 "KAFKA_CONTROLLER_PORT": str(controller_port), "KAFKA_SASL_PORT": str(sasl_port)}
+    kafka_env = {
+        **os.environ,
+        "KAFKA_NAME": "demo",
+        "KAFKA_PORT": str(kafka_port),
+        "KAFKA_CONTROLLER_PORT": str(controller_port),
+        "KAFKA_SASL_PORT": str(sasl_port),
+    }
     sd_env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMDEDUP_")}
-    sd_env.update(STREAMDEDUP_BROKERS=bootstrap, STREAMDEDUP_PARTITIONS="4", STREAMDEDUP_WEB_PORT=str(web_port),
-                  STREAMDEDUP_DATA_DIR=str(RUN / "worker-data"))
+    sd_env.update(
+        STREAMDEDUP_BROKERS=bootstrap,
+        STREAMDEDUP_PARTITIONS="4",
+        STREAMDEDUP_WEB_PORT=str(web_port),
+        STREAMDEDUP_DATA_DIR=str(RUN / "worker-data"),
+    )
     streamdedup = [sys.executable, "-m", "streamdedup"]
     worker = None
     try:
@@ -76,8 +85,7 @@ def main() -> int:
 
         step("starting a worker: streamdedup worker --brokers " + bootstrap)
         log = RUN / "worker.log"
-        worker = subprocess.Popen(streamdedup + ["worker"], env=sd_env, stdout=log.open("wb"),
-                                  stderr=subprocess.STDOUT)
+        worker = subprocess.Popen(streamdedup + ["worker"], env=sd_env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
         wait_for(lambda: "[^Worker]: Ready" in log.read_text(errors="replace"), 90, "the worker start", log)
         print(f"   ready; log: {log.relative_to(ROOT)}, metrics: http://127.0.0.1:{web_port}/metrics")
 
@@ -91,9 +99,11 @@ def main() -> int:
         summarize(verdicts)
         check(web_port, verdicts)
         if args.keep:
-            print(f"\nStill running (--keep): worker pid {worker.pid}, metrics http://127.0.0.1:{web_port}/metrics,"
-                  f" broker {bootstrap}.\nStop them with: kill {worker.pid}; "
-                  f"KAFKA_NAME=demo {KAFKA_SH.relative_to(ROOT)} stop")
+            print(
+                f"\nStill running (--keep): worker pid {worker.pid}, metrics http://127.0.0.1:{web_port}/metrics,"
+                f" broker {bootstrap}.\nStop them with: kill {worker.pid}; "
+                f"KAFKA_NAME=demo {KAFKA_SH.relative_to(ROOT)} stop"
+            )
             worker = None
             return 0
     finally:
@@ -106,33 +116,43 @@ def main() -> int:
         if not args.keep:
             subprocess.run([str(KAFKA_SH), "stop"], env=kafka_env, capture_output=True)
             subprocess.run([str(KAFKA_SH), "clean"], env=kafka_env, capture_output=True)
-    print("\nTry it on your own crawl: start a worker against your cluster, then\n"
-          "  .venv/bin/streamdedup produce your-crawl.warc.gz --brokers HOST:9092\n"
-          "  .venv/bin/streamdedup verdicts --brokers HOST:9092\n"
-          "or judge a file without Kafka:  .venv/bin/streamdedup scan your-crawl.warc.gz")
+    print(
+        "\nTry it on your own crawl: start a worker against your cluster, then\n"
+        "  .venv/bin/streamdedup produce your-crawl.warc.gz --brokers HOST:9092\n"
+        "  .venv/bin/streamdedup verdicts --brokers HOST:9092\n"
+        "or judge a file without Kafka:  .venv/bin/streamdedup scan your-crawl.warc.gz"
+    )
     return 0
 
 
 def count_pages() -> int:
-    from streamdedup.records import read_pages
+    from streamdedup.engine.records import read_pages
 
     return sum(1 for _, page in read_pages(CRAWL) if not isinstance(page, Exception))
 
 
 def read_verdicts(streamdedup: list[str], env: dict, expected: int, log: Path) -> list[dict]:
-    out = subprocess.run(streamdedup + ["verdicts", "--from-beginning", "--format", "json", "--max", str(expected),
-                                        "--timeout", "60"], env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        streamdedup + ["verdicts", "--from-beginning", "--format", "json", "--max", str(expected), "--timeout", "60"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     verdicts = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
     if len(verdicts) < expected:
-        raise SystemExit(f"demo: only {len(verdicts)} of {expected} verdicts arrived:\n{out.stderr}\n"
-                         + "\n".join(log.read_text(errors="replace").splitlines()[-20:]))
+        raise SystemExit(
+            f"demo: only {len(verdicts)} of {expected} verdicts arrived:\n{out.stderr}\n"
+            + "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+        )
     return verdicts
 
 
 def summarize(verdicts: list[dict]) -> None:
     counts = Counter(v["verdict"] for v in verdicts)
-    print(f"\n{len(verdicts)} pages: {counts['unique']} unique, {counts['near_duplicate']} near-duplicates "
-          f"({counts['near_duplicate'] / len(verdicts):.0%})")
+    print(
+        f"\n{len(verdicts)} pages: {counts['unique']} unique, {counts['near_duplicate']} near-duplicates "
+        f"({counts['near_duplicate'] / len(verdicts):.0%})"
+    )
     dups = [v for v in verdicts if v["verdict"] == "near_duplicate"]
     shown = [v for v in dups if "?variant=" in v["url"]][:4] + [v for v in dups if "?variant=" not in v["url"]][:3]
     print("\nSome near-duplicates and the earlier page each one repeats:")
@@ -141,19 +161,26 @@ def summarize(verdicts: list[dict]) -> None:
 
 
 def check(web_port: int, verdicts: list[dict]) -> None:
-    from streamdedup.records import read_pages
-    from streamdedup.text import decode_body
+    from streamdedup.engine.records import read_pages
+    from streamdedup.fingerprinting.text import decode_body
 
     first = next(v for v in verdicts if v["verdict"] == "unique" and "?variant=" not in v["url"])
     page = next(p for _, p in read_pages(CRAWL) if getattr(p, "id", None) == first["id"])
-    body = json.dumps({"url": "http://mirror.example/copy", "content_type": "text/html",
-                       "content": decode_body(page.content, page.charset, page.content_type)}).encode()
+    body = json.dumps(
+        {
+            "url": "http://mirror.example/copy",
+            "content_type": "text/html",
+            "content": decode_body(page.content, page.charset, page.content_type),
+        }
+    ).encode()
     t0 = time.perf_counter()
     req = urllib.request.Request(f"http://127.0.0.1:{web_port}/check", data=body, method="POST")
     with urllib.request.urlopen(req, timeout=30) as r:
         answer = json.loads(r.read())
-    print(f"\nPOST /check of a copy of {first['url']} (not stored), {1000 * (time.perf_counter() - t0):.0f} ms:\n"
-          f"  {json.dumps(answer)}")
+    print(
+        f"\nPOST /check of a copy of {first['url']} (not stored), {1000 * (time.perf_counter() - t0):.0f} ms:\n"
+        f"  {json.dumps(answer)}"
+    )
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import io
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from warcio.statusandheaders import StatusAndHeaders
@@ -24,7 +24,7 @@ from warcio.warcwriter import WARCWriter
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "bench" / "data" / "corpus.jsonl"
 OUT = Path(__file__).resolve().parent / "crawl.warc.gz"
-START = datetime(2026, 1, 5, 9, 0, tzinfo=timezone.utc)
+START = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 
 
 def main() -> None:
@@ -35,12 +35,19 @@ def main() -> None:
         body = page["content"].encode("utf-8")
         if n == len(pages) // 2:
             body = b""  # a failed fetch with an empty body
-        http = StatusAndHeaders("200 OK", [("Content-Type", "text/html; charset=utf-8"),
-                                           ("Content-Length", str(len(body)))], protocol="HTTP/1.1")
+        http = StatusAndHeaders(
+            "200 OK",
+            [("Content-Type", "text/html; charset=utf-8"), ("Content-Length", str(len(body)))],
+            protocol="HTTP/1.1",
+        )
         date = (START + timedelta(seconds=7 * n)).strftime("%Y-%m-%dT%H:%M:%SZ")
-        record = writer.create_warc_record(page["url"], "response", payload=io.BytesIO(body), http_headers=http,
-                                           warc_headers_dict={"WARC-Date": date,
-                                                              "WARC-Record-ID": f"<urn:uuid:sample-{n:05d}>"})
+        record = writer.create_warc_record(
+            page["url"],
+            "response",
+            payload=io.BytesIO(body),
+            http_headers=http,
+            warc_headers_dict={"WARC-Date": date, "WARC-Record-ID": f"<urn:uuid:sample-{n:05d}>"},
+        )
         writer.write_record(record)
     OUT.write_bytes(buf.getvalue())
     print(f"{OUT.relative_to(ROOT)}: {len(pages)} records, {OUT.stat().st_size / 1e6:.1f} MB")

@@ -25,19 +25,20 @@ import numpy as np
 from faust.sensors.prometheus import setup_prometheus_sensors
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from ..index import HammingIndex
-from ..intake import Intake, Record, fingerprint_contents, parse
-from ..pending import Pending, Waiting
-from ..routing import Topics
-from ..settings import Settings
-from ..shard import ShardPlan
-from ..wire import ANSWERS, CHANGELOG, CHECKS, PROBES, Batch, decode, encode, kind_of
-from .check import check
-from .gauges import update_gauges
-from .metrics import FAUST_PREFIX, Metrics
-from .outbox import Outbox, latency_seconds
-from .pool import fingerprint_pool
-from .store import SCHEME, ShardStore
+from streamdedup.index.hamming import HammingIndex
+from streamdedup.pipeline.intake import Intake, Record, fingerprint_contents, parse
+from streamdedup.pipeline.pending import Pending, Waiting
+from streamdedup.pipeline.routing import Topics
+from streamdedup.pipeline.shard import ShardPlan
+from streamdedup.pipeline.wire import ANSWERS, CHANGELOG, CHECKS, PROBES, Batch, decode, encode, kind_of
+from streamdedup.settings import Settings
+from streamdedup.stream.check import check
+from streamdedup.stream.connection import faust_broker_url, faust_credentials
+from streamdedup.stream.gauges import Gauges
+from streamdedup.stream.metrics import FAUST_PREFIX, Metrics
+from streamdedup.stream.outbox import Outbox, latency_seconds
+from streamdedup.stream.pool import fingerprint_pool
+from streamdedup.stream.store import SCHEME, ShardStore
 
 __all__ = ["Worker", "internal_topics", "table_design"]
 
@@ -69,16 +70,24 @@ class Worker:
     def __post_init__(self) -> None:
         s = self.settings
         if s.algorithm != "simhash":
-            raise ValueError(f"the stream worker judges pages by simhash; --algorithm {s.algorithm} is available "
-                             "in `streamdedup scan` only; use --algorithm simhash")
+            raise ValueError(
+                f"the stream worker judges pages by simhash; --algorithm {s.algorithm} is available "
+                "in `streamdedup scan` only; use --algorithm simhash"
+            )
         self.plan = ShardPlan(table_design(s), s.partitions)
         self.pending = Pending(self.plan.n_groups)
         self.metrics = Metrics.create(self.registry)
+        self.gauges = Gauges(self.metrics)
         self.metrics.index_memory_limit.set(s.index_memory_limit)
         self.metrics.info.labels(s.app_id, s.algorithm, str(s.k), s.design or "default", str(s.partitions)).set(1)
         self.topics = Topics(s.unique_topic, s.near_duplicate_topic, s.verdicts_topic, s.dead_letter_topic)
-        self.outbox = Outbox(s, self.topics, self.pending, on_sent=self._on_sent,
-                             on_error=lambda: self.metrics.errors.labels("answers").inc())
+        self.outbox = Outbox(
+            s,
+            self.topics,
+            self.pending,
+            on_sent=self._on_sent,
+            on_error=lambda: self.metrics.errors.labels("answers").inc(),
+        )
         self._buffer: list[Any] = []
         self._taken: dict[int, int] = {}  # input partition -> the next offset not taken yet
         self._seen: dict[int, int] = {}  # input partition -> the next offset not buffered yet
@@ -95,8 +104,6 @@ class Worker:
         self._seq = 0
         self._recovery_started: float | None = None
         self._last_sent = time.monotonic()
-        self._gauged: set[int] = set()
-        self._lagged: set[tuple[str, str]] = set()
         self.app = self._build_app()
 
     # ------------------------------------------------------------------ app and agents
@@ -104,15 +111,26 @@ class Worker:
         s, names = self.settings, internal_topics(self.settings)
         ShardStore.configure(self.plan, s.data_dir / "snapshots", self._on_restored, self._on_recovered)
         app = faust.App(
-            s.app_id, broker=s.faust_broker_url(), broker_credentials=s.faust_credentials(), env={},
-            autodiscover=False, datadir=str(s.data_dir / "faust"), store="memory://",
-            web_enabled=True, web_port=s.web_port, web_bind=s.web_host, web_host=s.web_host,
-            topic_partitions=s.partitions, topic_replication_factor=s.replication_factor,
+            s.app_id,
+            broker=faust_broker_url(s),
+            broker_credentials=faust_credentials(s),
+            env={},
+            autodiscover=False,
+            datadir=str(s.data_dir / "faust"),
+            store="memory://",
+            web_enabled=True,
+            web_port=s.web_port,
+            web_bind=s.web_host,
+            web_host=s.web_host,
+            topic_partitions=s.partitions,
+            topic_replication_factor=s.replication_factor,
             table_standby_replicas=s.standby_replicas,
-            broker_session_timeout=10.0, broker_heartbeat_interval=3.0,  # a dead worker's partitions move in ~10 s
+            broker_session_timeout=10.0,
+            broker_heartbeat_interval=3.0,  # a dead worker's partitions move in ~10 s
             stream_wait_empty=False,  # pages are never acked (the outbox commits them): do not wait at stop
-            broker_commit_interval=0.5, consumer_auto_offset_reset="earliest",
-            broker_commit_livelock_soft_timeout=10 ** 9,  # the pages topic is committed by the outbox
+            broker_commit_interval=0.5,
+            consumer_auto_offset_reset="earliest",
+            broker_commit_livelock_soft_timeout=10**9,  # the pages topic is committed by the outbox
             producer_max_request_size=max(1_048_576, 2 * s.max_page_bytes),
             consumer_max_fetch_size=max(1_048_576, 2 * s.max_page_bytes),
         )
@@ -120,8 +138,15 @@ class Worker:
         pages = app.topic(s.pages_topic, partitions=s.partitions, **RAW)
         self.probes_topic = app.topic(names["probes"], partitions=s.partitions, internal=True, **RAW)
         self.answers_topic = app.topic(names["answers"], partitions=s.partitions, internal=True, **RAW)
-        self.table = app.Table("shards", partitions=s.partitions, key_type=bytes, value_type=bytes,
-                               store=f"{SCHEME}://local", recovery_buffer_size=200, help="the sharded index")
+        self.table = app.Table(
+            "shards",
+            partitions=s.partitions,
+            key_type=bytes,
+            value_type=bytes,
+            store=f"{SCHEME}://local",
+            recovery_buffer_size=200,
+            help="the sharded index",
+        )
 
         @app.agent(pages, name="pages")
         async def pages_agent(stream):
@@ -178,11 +203,23 @@ class Worker:
 
         @app.timer(interval=5.0, name="gauges")
         async def gauges():
-            update_gauges(self)
+            self.gauges.update_shards(dict(self.store.shards))
+            self.gauges.update_lag(
+                self.app.consumer,
+                {s.pages_topic, self.probes_topic.get_topic_name(), self.answers_topic.get_topic_name()},
+                s.pages_topic,
+                self.outbox.committed,
+            )
+            self.gauges.update_recovery(self.app.tables.recovery)
             if (len(self.pending) or self._buffer) and time.monotonic() - self._last_sent > 30:
-                log.warning("no verdict committed for %.0fs: %s; %d records buffered, %d batches in flight; "
-                            "outbox: %s", time.monotonic() - self._last_sent, self.pending.describe(),
-                            len(self._buffer), self._in_flight, self.outbox.describe())
+                log.warning(
+                    "no verdict committed for %.0fs: %s; %d records buffered, %d batches in flight; outbox: %s",
+                    time.monotonic() - self._last_sent,
+                    self.pending.describe(),
+                    len(self._buffer),
+                    self._in_flight,
+                    self.outbox.describe(),
+                )
 
         @app.on_partitions_revoked.connect
         async def on_revoked(sender, revoked, **kwargs):
@@ -215,8 +252,17 @@ class Worker:
         events = [e for e in events if self._take(e.message.partition, e.message.offset)]
         if not events:
             return
-        records = [Record(e.message.partition, e.message.offset, e.message.key, e.message.value,
-                          _headers(e.message.headers), int(e.message.timestamp * 1000)) for e in events]
+        records = [
+            Record(
+                e.message.partition,
+                e.message.offset,
+                e.message.key,
+                e.message.value,
+                _headers(e.message.headers),
+                int(e.message.timestamp * 1000),
+            )
+            for e in events
+        ]
         self.metrics.pages.inc(len(records))
         t0 = time.perf_counter()
         ticket = self._tickets
@@ -243,11 +289,20 @@ class Worker:
         try:
             if error is not None:  # a bug, not bad input: never lose the records
                 self.metrics.errors.labels("pages").inc()
-                log.error("intake failed on %d records; sending them to the dead-letter topic", len(records),
-                          exc_info=error)
+                log.error(
+                    "intake failed on %d records; sending them to the dead-letter topic", len(records), exc_info=error
+                )
                 for r in records:
-                    self.pending.fail(r.partition, r.offset, "internal_error", f"{type(error).__name__}: {error}",
-                                      key=r.key, value=r.value or b"", headers=r.headers, timestamp_ms=r.timestamp_ms)
+                    self.pending.fail(
+                        r.partition,
+                        r.offset,
+                        "internal_error",
+                        f"{type(error).__name__}: {error}",
+                        key=r.key,
+                        value=r.value or b"",
+                        headers=r.headers,
+                        timestamp_ms=r.timestamp_ms,
+                    )
                 partitions = {r.partition for r in records}
             else:
                 for shard_partition, batch in intake.probes.items():
@@ -277,8 +332,12 @@ class Worker:
         that the pages partitions are paused until the backlog halves (bounded memory, and the
         shard and answers stages get the event loop).  Never blocks."""
         size = self.settings.batch_size
-        while (self._buffer and self._in_flight < 2 and len(self.pending) < self._max_waiting
-               and (partial or len(self._buffer) >= size)):
+        while (
+            self._buffer
+            and self._in_flight < 2
+            and len(self.pending) < self._max_waiting
+            and (partial or len(self._buffer) >= size)
+        ):
             events, self._buffer = self._buffer[:size], self._buffer[size:]
             self._in_flight += 1
             task = asyncio.get_running_loop().create_task(self.drain(events))
@@ -323,22 +382,42 @@ class Worker:
                 continue
             probes = decode(values, kind)
             shard = self.store.shard(s)
-            ans = shard.probe_and_insert(probes.group, probes.fps, probes.fetched, probes.id_hash, probes.ids(),
-                                         probes.urls(), store=kind == PROBES)
+            ans = shard.probe_and_insert(
+                probes.group,
+                probes.fps,
+                probes.fetched,
+                probes.id_hash,
+                probes.ids(),
+                probes.urls(),
+                store=kind == PROBES,
+            )
             if ans.stored.any():
                 stored = probes.select(ans.stored)
                 stored.rows["request"], stored.rows["partition"] = 0, 0
                 for chunk in _chunks(stored):
                     self._seq += 1
                     key = struct.pack("<I", s) + self._writer + struct.pack("<Q", self._seq)
-                    writes.append((s, self.table.send_changelog(s, key, encode(chunk, CHANGELOG),
-                                                                key_serializer="raw", value_serializer="raw")))
+                    writes.append(
+                        (
+                            s,
+                            self.table.send_changelog(
+                                s, key, encode(chunk, CHANGELOG), key_serializer="raw", value_serializer="raw"
+                            ),
+                        )
+                    )
             matched = ans.distance >= 0
-            answer = Batch.build(group=probes.rows["group"], fps=ans.fingerprint, fetched=ans.fetched,
-                                 id_hash=ans.id_hash, request=probes.rows["request"],
-                                 distance=ans.distance, partition=probes.rows["partition"],
-                                 ids=[x if m else "" for x, m in zip(ans.ids, matched)],
-                                 urls=[x if m else "" for x, m in zip(ans.urls, matched)], kind=ANSWERS)
+            answer = Batch.build(
+                group=probes.rows["group"],
+                fps=ans.fingerprint,
+                fetched=ans.fetched,
+                id_hash=ans.id_hash,
+                request=probes.rows["request"],
+                distance=ans.distance,
+                partition=probes.rows["partition"],
+                ids=[x if m else "" for x, m in zip(ans.ids, matched)],
+                urls=[x if m else "" for x, m in zip(ans.urls, matched)],
+                kind=ANSWERS,
+            )
             dest = probes.rows["partition"]
             for q in np.unique(dest).tolist():
                 replies[q].append(answer.select(dest == q))
@@ -386,4 +465,3 @@ def _headers(headers: Any) -> list[tuple[str, bytes]]:
         return []
     items = headers.items() if isinstance(headers, dict) else headers
     return [(k if isinstance(k, str) else k.decode("utf-8", "replace"), v if v is not None else b"") for k, v in items]
-

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError, ProducerFenced
 
-from ..pending import Pending, Waiting
-from ..routing import Topics, outputs
-from ..settings import Settings
+from streamdedup.pipeline.pending import Pending, Waiting
+from streamdedup.pipeline.routing import Topics, outputs
+from streamdedup.settings import Settings
 
 __all__ = ["Outbox"]
 
@@ -29,9 +29,14 @@ log = logging.getLogger(__name__)
 
 
 class Outbox:
-    def __init__(self, settings: Settings, topics: Topics, pending: Pending,
-                 on_sent: Callable[[list[Waiting]], None] | None = None,
-                 on_error: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        topics: Topics,
+        pending: Pending,
+        on_sent: Callable[[list[Waiting]], None] | None = None,
+        on_error: Callable[[], None] | None = None,
+    ) -> None:
         self.settings, self.topics, self.pending, self.on_sent = settings, topics, pending, on_sent
         self.on_error = on_error
         self._producers: dict[int, AIOKafkaProducer] = {}
@@ -48,14 +53,17 @@ class Outbox:
     async def _producer(self, partition: int) -> AIOKafkaProducer:
         p = self._producers.get(partition)
         if p is None:
-            p = AIOKafkaProducer(**self.settings.aiokafka_kwargs(),
-                                 transactional_id=f"{self.settings.app_id}-out-{partition}",
-                                 linger_ms=2, max_request_size=max(1_048_576, 2 * self.settings.max_page_bytes),
-                                 # Kafka >= 3.6 answers a send racing the transaction's start with a
-                                 # retriable NOT_ENOUGH_REPLICAS; aiokafka's default 100 ms back-off
-                                 # would land on the latency of every such batch
-                                 retry_backoff_ms=10,
-                                 client_id=f"{self.settings.app_id}-out-{partition}")
+            p = AIOKafkaProducer(
+                **self.settings.aiokafka_kwargs(),
+                transactional_id=f"{self.settings.app_id}-out-{partition}",
+                linger_ms=2,
+                max_request_size=max(1_048_576, 2 * self.settings.max_page_bytes),
+                # Kafka >= 3.6 answers a send racing the transaction's start with a
+                # retriable NOT_ENOUGH_REPLICAS; aiokafka's default 100 ms back-off
+                # would land on the latency of every such batch
+                retry_backoff_ms=10,
+                client_id=f"{self.settings.app_id}-out-{partition}",
+            )
             await p.start()  # init_transactions: fences an earlier owner of this partition
             self._producers[partition] = p
         return p
@@ -113,7 +121,8 @@ class Outbox:
                 for o in outputs(w, self.topics):
                     await producer.send(o.topic, o.value, key=o.key, headers=o.headers)
             await producer.send_offsets_to_transaction(
-                {TopicPartition(self.settings.pages_topic, partition): ready[-1].offset + 1}, self.settings.app_id)
+                {TopicPartition(self.settings.pages_topic, partition): ready[-1].offset + 1}, self.settings.app_id
+            )
 
     def _schedule_retry(self, partition: int) -> None:
         if partition in self._retry:

@@ -26,7 +26,8 @@ def _watch_parent(parent: int) -> None:
 
 def fingerprint_pool(processes: int) -> ProcessPoolExecutor:
     """``processes`` spawned (not forked: the worker has threads by then) and already starting."""
-    pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_watch_parent, initargs=(os.getpid(),))
+    pool = ProcessPoolExecutor(
+        processes, mp_context=multiprocessing.get_context("spawn"), initializer=_watch_parent, initargs=(os.getpid(),)
+    )
     pool.submit(int)  # start the processes now, not on the first batch
     return pool

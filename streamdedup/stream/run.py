@@ -8,15 +8,12 @@ import logging
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
 
-from ..settings import Settings
+from streamdedup.errors import TopicError
+from streamdedup.settings import Settings
 
 __all__ = ["TopicError", "ensure_topics", "run_worker"]
 
 log = logging.getLogger("streamdedup.worker")
-
-
-class TopicError(RuntimeError):
-    """The cluster's topics do not fit the settings; the message says how to fix it."""
 
 
 async def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
@@ -27,35 +24,51 @@ async def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
     faust starts, because a topic that appears after the group's first assignment is not
     assigned until the next rebalance.
     """
-    from .app import internal_topics
+    from streamdedup.stream.app import internal_topics
 
     admin = AIOKafkaAdminClient(**settings.aiokafka_kwargs(), request_timeout_ms=int(timeout * 1000))
     try:
         await asyncio.wait_for(admin.start(), timeout)
-    except (asyncio.TimeoutError, KafkaConnectionError, KafkaError) as e:
-        raise TopicError(f"cannot reach the Kafka brokers {','.join(settings.brokers)} ({type(e).__name__}: {e}); "
-                         "check --brokers / STREAMDEDUP_BROKERS and the security settings") from None
+    except (TimeoutError, KafkaConnectionError, KafkaError) as e:
+        raise TopicError(
+            f"cannot reach the Kafka brokers {','.join(settings.brokers)} ({type(e).__name__}: {e}); "
+            "check --brokers / STREAMDEDUP_BROKERS and the security settings"
+        ) from None
     try:
         existing = set(await admin.list_topics())
         if settings.pages_topic in existing:
             meta = await admin.describe_topics([settings.pages_topic])
             n = len(meta[0]["partitions"])
             if n != settings.partitions:
-                raise TopicError(f"the pages topic {settings.pages_topic!r} has {n} partitions but --partitions is "
-                                 f"{settings.partitions}; use --partitions {n} (every worker of a group must agree, "
-                                 "and it cannot change once the index holds pages)")
+                raise TopicError(
+                    f"the pages topic {settings.pages_topic!r} has {n} partitions but --partitions is "
+                    f"{settings.partitions}; use --partitions {n} (every worker of a group must agree, "
+                    "and it cannot change once the index holds pages)"
+                )
         internal = internal_topics(settings)
-        wanted = {settings.pages_topic: {}, settings.unique_topic: {}, settings.near_duplicate_topic: {},
-                  settings.verdicts_topic: {}, settings.dead_letter_topic: {}, internal["probes"]: {},
-                  internal["answers"]: {}, internal["changelog"]: {"cleanup.policy": "compact"}}
+        wanted = {
+            settings.pages_topic: {},
+            settings.unique_topic: {},
+            settings.near_duplicate_topic: {},
+            settings.verdicts_topic: {},
+            settings.dead_letter_topic: {},
+            internal["probes"]: {},
+            internal["answers"]: {},
+            internal["changelog"]: {"cleanup.policy": "compact"},
+        }
         for name in (internal["probes"], internal["answers"], internal["changelog"]):
             if name in existing:
                 meta = await admin.describe_topics([name])
                 if (n := len(meta[0]["partitions"])) != settings.partitions:
-                    raise TopicError(f"the internal topic {name!r} has {n} partitions but --partitions is "
-                                     f"{settings.partitions}; use --partitions {n}, or a new --app-id")
-        new = [NewTopic(t, settings.partitions, settings.replication_factor, topic_configs=config)
-               for t, config in wanted.items() if t not in existing]
+                    raise TopicError(
+                        f"the internal topic {name!r} has {n} partitions but --partitions is "
+                        f"{settings.partitions}; use --partitions {n}, or a new --app-id"
+                    )
+        new = [
+            NewTopic(t, settings.partitions, settings.replication_factor, topic_configs=config)
+            for t, config in wanted.items()
+            if t not in existing
+        ]
         created = []
         for topic in new:  # one by one: another worker may be creating the same ones
             try:
@@ -72,14 +85,16 @@ def run_worker(settings: Settings) -> None:
     """Run until stopped (never returns: faust's Worker exits the process)."""
     import faust
 
-    from .app import Worker
+    from streamdedup.stream.app import Worker
 
     logging.basicConfig(level=settings.log_level.upper())
     try:
         (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise TopicError(f"cannot create the data directory {settings.data_dir} ({e}); "
-                         "use --data-dir / STREAMDEDUP_DATA_DIR with a writable path") from None
+        raise TopicError(
+            f"cannot create the data directory {settings.data_dir} ({e}); "
+            "use --data-dir / STREAMDEDUP_DATA_DIR with a writable path"
+        ) from None
     created = asyncio.run(ensure_topics(settings))
     if created:
         log.info("created topics: %s", ", ".join(created))

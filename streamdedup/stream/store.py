@@ -1,4 +1,4 @@
-"""The faust store that *is* the sharded index: one :class:`~streamdedup.shard.Shard` per
+"""The faust store that *is* the sharded index: one :class:`~streamdedup.pipeline.shard.Shard` per
 changelog partition this worker owns, rebuilt from the changelog before the worker answers.
 
 faust's recovery replays the changelog through :meth:`ShardStore.apply_changelog_batch`
@@ -13,15 +13,16 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import faust.stores
 from faust.stores import base
 from faust.types import TP
 
-from ..shard import Shard, ShardPlan
-from ..wire import CHANGELOG, decode
+from streamdedup.pipeline.shard import Shard, ShardPlan
+from streamdedup.pipeline.wire import CHANGELOG, decode
 
 __all__ = ["ShardStore", "SCHEME"]
 
@@ -43,9 +44,13 @@ class ShardStore(base.Store):
         self.snapshot_at: dict[int, float] = {}
 
     @classmethod
-    def configure(cls, plan: ShardPlan, data_dir: Path | None,
-                  on_restored: Callable[[int, int], None] | None = None,
-                  on_recovered: Callable[[], None] | None = None) -> None:
+    def configure(
+        cls,
+        plan: ShardPlan,
+        data_dir: Path | None,
+        on_restored: Callable[[int, int], None] | None = None,
+        on_recovered: Callable[[], None] | None = None,
+    ) -> None:
         cls.plan, cls.data_dir, cls.on_restored, cls.on_recovered = plan, data_dir, on_restored, on_recovered
 
     # -------------------------------------------------------------- the index
@@ -75,8 +80,13 @@ class ShardStore(base.Store):
         path.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         shard.save(path, {"offset": self.offsets[partition]})
-        log.info("snapshot of shard %d: %d entries to changelog offset %d in %.2fs", partition, len(shard),
-                 self.offsets[partition], time.perf_counter() - t0)
+        log.info(
+            "snapshot of shard %d: %d entries to changelog offset %d in %.2fs",
+            partition,
+            len(shard),
+            self.offsets[partition],
+            time.perf_counter() - t0,
+        )
         return True
 
     def snapshot_due(self, partition: int, interval: float) -> bool:
@@ -122,8 +132,9 @@ class ShardStore(base.Store):
         self.shards.clear()
         self.offsets.clear()
 
-    async def on_rebalance(self, assigned: set[TP], revoked: set[TP], newly_assigned: set[TP],
-                           generation_id: int = 0) -> None:
+    async def on_rebalance(
+        self, assigned: set[TP], revoked: set[TP], newly_assigned: set[TP], generation_id: int = 0
+    ) -> None:
         topic = self.table.changelog_topic.get_topic_name()
         keep = {tp.partition for tp in assigned if tp.topic == topic}
         for partition in [p for p in self.shards if p not in keep]:

@@ -15,7 +15,6 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.conn import create_conn
 from aiokafka.errors import KafkaConnectionError, SaslAuthenticationFailed
-
 from kafka_broker import KAFKA_SH, free_ports, unique_name  # tests/ is on sys.path (conftest.py)
 
 pytestmark = pytest.mark.kafka

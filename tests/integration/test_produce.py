@@ -15,20 +15,25 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from kafka_broker import unique_name  # tests/ is on sys.path (conftest.py)
+from topics import read_topic
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
 
-from kafka_broker import unique_name  # tests/ is on sys.path (conftest.py)
 from streamdedup.cli import main
-from topics import read_topic
 
 pytestmark = pytest.mark.kafka
 
 STREAMDEDUP = str(Path(sys.executable).parent / "streamdedup")
 GOOD = [
     {"url": "http://a/1", "content": "<p>one</p>"},
-    {"url": "http://a/2", "content": "<p>zwei – ü</p>", "id": "page-2", "content_type": "text/html",
-     "fetched_at": "2026-03-01T10:00:00Z"},
+    {
+        "url": "http://a/2",
+        "content": "<p>zwei – ü</p>",
+        "id": "page-2",
+        "content_type": "text/html",
+        "fetched_at": "2026-03-01T10:00:00Z",
+    },
     {"url": "http://a/3", "content": "plain three", "content_type": "text/plain", "crawl_depth": 3},
 ]
 BAD_LINES = {  # line -> reason
@@ -41,8 +46,11 @@ BAD_LINES = {  # line -> reason
 
 
 def _produce(kafka, topic: str, *args: str):
-    return CliRunner().invoke(main, ["produce", *args, "--brokers", kafka.bootstrap, "--pages-topic", topic,
-                                     "--max-page-bytes", "2048"], catch_exceptions=False)
+    return CliRunner().invoke(
+        main,
+        ["produce", *args, "--brokers", kafka.bootstrap, "--pages-topic", topic, "--max-page-bytes", "2048"],
+        catch_exceptions=False,
+    )
 
 
 def _expected(record: dict) -> tuple[bytes, dict]:
@@ -61,16 +69,20 @@ def test_jsonl_plain_and_gzipped(kafka, tmp_path):
     assert result.exit_code == 0, result.stderr
 
     records = read_topic(kafka, topic)
-    assert {r.key: r.value for r in records} == {key: lines[i] for i, key in ((0, b"http://a/1"), (-1, b"page-2"))} | \
-        {b"http://a/3": json.dumps(GOOD[2]).encode()}  # byte for byte
+    assert {r.key: r.value for r in records} == {key: lines[i] for i, key in ((0, b"http://a/1"), (-1, b"page-2"))} | {
+        b"http://a/3": json.dumps(GOOD[2]).encode()
+    }  # byte for byte
     assert len({r.partition for r in records}) > 1 or len(records) < 3  # keyed, so spread over partitions
     # each bad record reported with its line number and reason; the blank line 2 is not a record
     for number, (raw, reason) in enumerate(BAD_LINES.items(), start=3):
         assert f"{plain}: line {number}: skipped: {reason}: " in result.stderr, (raw, result.stderr)
     size = sum(len(r.value) for r in records)
-    assert re.search(rf"^sent 3 pages \({size:,} bytes\) to '{topic}' in \d+\.\d s; skipped 5 bad records "
-                     r"\(1 not_json, 1 missing_field, 1 not_text, 1 bad_field, 1 too_large\)$",
-                     result.stderr, re.M), result.stderr
+    assert re.search(
+        rf"^sent 3 pages \({size:,} bytes\) to '{topic}' in \d+\.\d s; skipped 5 bad records "
+        r"\(1 not_json, 1 missing_field, 1 not_text, 1 bad_field, 1 too_large\)$",
+        result.stderr,
+        re.M,
+    ), result.stderr
     assert " pages [" in result.stderr  # the progress bar
 
 
@@ -80,15 +92,25 @@ def _warc(path: Path) -> None:
 
         def response(url: str, ctype: str, body: bytes) -> None:
             http = StatusAndHeaders("200 OK", [("Content-Type", ctype)], protocol="HTTP/1.1")
-            writer.write_record(writer.create_warc_record(
-                url, "response", payload=io.BytesIO(body), http_headers=http,
-                warc_headers_dict={"WARC-Date": "2026-03-01T10:00:00Z"}))
+            writer.write_record(
+                writer.create_warc_record(
+                    url,
+                    "response",
+                    payload=io.BytesIO(body),
+                    http_headers=http,
+                    warc_headers_dict={"WARC-Date": "2026-03-01T10:00:00Z"},
+                )
+            )
 
         # Latin-1 whose <meta> lies: only the HTTP header's charset gives "café crème".
-        response("http://a/cafe", "text/html; charset=ISO-8859-1",
-                 '<meta charset="windows-1251"><p>café crème</p>'.encode("latin-1"))
-        writer.write_record(writer.create_warc_record("http://a/cafe", "request",
-                                                      payload=io.BytesIO(b"GET / HTTP/1.1\r\n\r\n")))
+        response(
+            "http://a/cafe",
+            "text/html; charset=ISO-8859-1",
+            '<meta charset="windows-1251"><p>café crème</p>'.encode("latin-1"),
+        )
+        writer.write_record(
+            writer.create_warc_record("http://a/cafe", "request", payload=io.BytesIO(b"GET / HTTP/1.1\r\n\r\n"))
+        )
         response("http://a/ru", "text/html; charset=KOI8-R", "<p>привет мир</p>".encode("koi8-r"))
         response("http://a/logo.png", "image/png", b"\x89PNG\r\n\x1a\n" + bytes(32))
         response("http://a/empty", "text/html", b"")
@@ -104,10 +126,20 @@ def test_warc(kafka, tmp_path):
     assert result.exit_code == 0, result.stderr
     got = {r.key: json.loads(r.value) for r in read_topic(kafka, topic)}
     assert got == {
-        b"http://a/cafe": {"url": "http://a/cafe", "content": '<meta charset="windows-1251"><p>café crème</p>',
-                           "content_type": "text/html", "fetched_at": "2026-03-01T10:00:00Z", "id": "http://a/cafe"},
-        b"http://a/ru": {"url": "http://a/ru", "content": "<p>привет мир</p>", "content_type": "text/html",
-                         "fetched_at": "2026-03-01T10:00:00Z", "id": "http://a/ru"},
+        b"http://a/cafe": {
+            "url": "http://a/cafe",
+            "content": '<meta charset="windows-1251"><p>café crème</p>',
+            "content_type": "text/html",
+            "fetched_at": "2026-03-01T10:00:00Z",
+            "id": "http://a/cafe",
+        },
+        b"http://a/ru": {
+            "url": "http://a/ru",
+            "content": "<p>привет мир</p>",
+            "content_type": "text/html",
+            "fetched_at": "2026-03-01T10:00:00Z",
+            "id": "http://a/ru",
+        },
     }
     # WARC records are numbered from 1 (warcinfo-less file: the request record is number 2)
     for number, reason in ((4, "not_text"), (5, "empty"), (6, "binary")):
@@ -119,8 +151,12 @@ def test_warc(kafka, tmp_path):
 def test_stdin(kafka):
     topic = kafka.create_topic(unique_name("produce-stdin"))
     lines = b"".join(json.dumps(r).encode() + b"\n" for r in GOOD) + b"[1, 2]\n"
-    proc = subprocess.run([STREAMDEDUP, "produce", "-", "--brokers", kafka.bootstrap, "--pages-topic", topic],
-                          input=lines, capture_output=True, timeout=60)
+    proc = subprocess.run(
+        [STREAMDEDUP, "produce", "-", "--brokers", kafka.bootstrap, "--pages-topic", topic],
+        input=lines,
+        capture_output=True,
+        timeout=60,
+    )
     stderr = proc.stderr.decode()
     assert proc.returncode == 0, stderr
     assert sorted((r.key, json.loads(r.value)) for r in read_topic(kafka, topic)) == sorted(map(_expected, GOOD))
@@ -134,8 +170,12 @@ def test_unreachable_broker_is_a_one_line_error(command, tmp_path):
     pages = tmp_path / "pages.jsonl"
     pages.write_text(json.dumps(GOOD[0]) + "\n")
     t0 = time.monotonic()
-    proc = subprocess.run([STREAMDEDUP, *(a.format(file=pages) for a in command), "--brokers", "127.0.0.1:1"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [STREAMDEDUP, *(a.format(file=pages) for a in command), "--brokers", "127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert time.monotonic() - t0 < 20
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
@@ -157,16 +197,33 @@ def test_sasl_settings_from_flags_and_environment(kafka, tmp_path):
     pages = tmp_path / "pages.jsonl"
     pages.write_text(json.dumps(GOOD[0]) + "\n")
     topic = kafka.create_topic(unique_name("produce-sasl"))
-    command = [STREAMDEDUP, "produce", str(pages), "--brokers", kafka.sasl_bootstrap, "--pages-topic", topic,
-               "--security-protocol", "SASL_PLAINTEXT", "--sasl-mechanism", "SCRAM-SHA-512"]
+    command = [
+        STREAMDEDUP,
+        "produce",
+        str(pages),
+        "--brokers",
+        kafka.sasl_bootstrap,
+        "--pages-topic",
+        topic,
+        "--security-protocol",
+        "SASL_PLAINTEXT",
+        "--sasl-mechanism",
+        "SCRAM-SHA-512",
+    ]
     env = {"PATH": "/usr/bin:/bin", "STREAMDEDUP_SASL_USERNAME": kafka.sasl_user}
 
-    wrong = subprocess.run(command, env={**env, "STREAMDEDUP_SASL_PASSWORD": "wrong"}, capture_output=True,
-                           text=True, timeout=60)
+    wrong = subprocess.run(
+        command, env={**env, "STREAMDEDUP_SASL_PASSWORD": "wrong"}, capture_output=True, text=True, timeout=60
+    )
     assert wrong.returncode == 1 and wrong.stderr.count("\n") == 1, wrong.stderr
     assert "invalid credentials with SASL mechanism SCRAM-SHA-512" in wrong.stderr
 
-    right = subprocess.run(command, env={**env, "STREAMDEDUP_SASL_PASSWORD": kafka.sasl_password},
-                           capture_output=True, text=True, timeout=60)
+    right = subprocess.run(
+        command,
+        env={**env, "STREAMDEDUP_SASL_PASSWORD": kafka.sasl_password},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert right.returncode == 0, right.stderr
     assert [r.key for r in read_topic(kafka, topic)] == [b"http://a/1"]

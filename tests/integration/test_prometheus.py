@@ -18,7 +18,6 @@ import urllib.parse
 import urllib.request
 
 import pytest
-
 from deploy_files import dashboard_queries, iter_rules, local_prometheus_config
 from kafka_broker import free_ports, unique_name
 from stream_harness import StreamTopics, WorkerProcess, page_record, produce, wait_for_verdicts
@@ -33,10 +32,16 @@ class Prometheus:
         self.port = free_ports(1)[0]
         (workdir / "prometheus.yml").write_text(local_prometheus_config(targets))
         self.log = open(workdir / "prometheus.log", "wb")
-        self.proc = subprocess.Popen([binary, f"--config.file={workdir / 'prometheus.yml'}",
-                                      f"--storage.tsdb.path={workdir / 'tsdb'}",
-                                      f"--web.listen-address=127.0.0.1:{self.port}"],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={workdir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={workdir / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         self.wait(lambda: self._get("/-/ready") is not None, 30, "Prometheus ready")
 
     def _get(self, path: str):
@@ -90,8 +95,9 @@ def operands(expr: str) -> list[str]:
 
 def test_dashboard_and_alerts_against_a_real_prometheus(kafka, tmp_path):
     # the default topic names (the dashboard and the rules use them); a group of its own
-    topics = StreamTopics(unique_name("prom"), "pages", "pages.unique", "pages.near-duplicate", "pages.verdicts",
-                          "pages.dead-letter", 2)
+    topics = StreamTopics(
+        unique_name("prom"), "pages", "pages.unique", "pages.near-duplicate", "pages.verdicts", "pages.dead-letter", 2
+    )
     worker = WorkerProcess(kafka, topics, tmp_path, env={"STREAMDEDUP_INDEX_MEMORY_LIMIT": "1000"})
     worker.start()
     prom = Prometheus(tmp_path, [f"127.0.0.1:{worker.web_port}"])
@@ -115,8 +121,12 @@ def test_dashboard_and_alerts_against_a_real_prometheus(kafka, tmp_path):
                     assert prom.query(part), f"{name}: {part!r} returns no data"
         for name in ("StreamdedupDeadLetterSpike", "StreamdedupIndexMemoryHigh"):
             assert prom.query(alerts[name]), f"{name} does not fire"
-        for name in ("StreamdedupWorkerDown", "StreamdedupNoWorkers", "StreamdedupLagGrowing",
-                     "StreamdedupRecoveryStuck"):
+        for name in (
+            "StreamdedupWorkerDown",
+            "StreamdedupNoWorkers",
+            "StreamdedupLagGrowing",
+            "StreamdedupRecoveryStuck",
+        ):
             assert not prom.query(alerts[name]), f"{name} fires on a healthy worker"
 
         assert worker.stop() == 0

@@ -11,9 +11,10 @@ import faust
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaConnectionError
-
 from kafka_broker import unique_name  # tests/ is on sys.path (conftest.py)
+
 from streamdedup.settings import Settings
+from streamdedup.stream.connection import faust_broker_url, faust_credentials
 
 pytestmark = pytest.mark.kafka
 
@@ -21,10 +22,14 @@ SCRAM = ["SCRAM-SHA-256", "SCRAM-SHA-512"]
 
 
 def _settings(kafka, mechanism: str, *, password: str | None = None, env: dict | None = None) -> Settings:
-    flags = {"brokers": f"kafka://{kafka.sasl_bootstrap}", "security_protocol": "SASL_PLAINTEXT",
-             "sasl_mechanism": mechanism, "sasl_username": kafka.sasl_user,
-             "sasl_password": None if env else (password or kafka.sasl_password),
-             "app_id": unique_name("settings")}
+    flags = {
+        "brokers": f"kafka://{kafka.sasl_bootstrap}",
+        "security_protocol": "SASL_PLAINTEXT",
+        "sasl_mechanism": mechanism,
+        "sasl_username": kafka.sasl_user,
+        "sasl_password": None if env else (password or kafka.sasl_password),
+        "app_id": unique_name("settings"),
+    }
     return Settings.from_sources(flags, env or {})
 
 
@@ -46,8 +51,8 @@ async def _read_one(settings: Settings, topic: str, timeout: float = 15.0):
 def _faust_app(settings: Settings) -> faust.App:
     return faust.App(
         unique_name(settings.app_id),
-        broker=settings.faust_broker_url(),
-        broker_credentials=settings.faust_credentials(),
+        broker=faust_broker_url(settings),
+        broker_credentials=faust_credentials(settings),
         web_enabled=False,
         autodiscover=False,
         env={},  # faust would otherwise let BROKER_URL etc. in os.environ override these arguments
@@ -93,8 +98,7 @@ def test_faust_producer_with_settings(kafka, mechanism):
             # show that SCRAM was used: check what faust's driver handed to aiokafka.
             client = producer._producer.client
             assert (client._security_protocol, client._sasl_mechanism) == ("SASL_PLAINTEXT", mechanism)
-            await producer.send_and_wait(topic, b"k", b"via-faust", partition=None, timestamp=None,
-                                         headers=None)
+            await producer.send_and_wait(topic, b"k", b"via-faust", partition=None, timestamp=None, headers=None)
         finally:
             await producer.stop()
         return await _read_one(settings, topic)

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import pytest
 from aiokafka import AIOKafkaProducer
 from click.testing import CliRunner
-
 from kafka_broker import unique_name  # tests/ is on sys.path (conftest.py)
+
 from streamdedup.cli import main
-from streamdedup.client import VerdictConsumer
+from streamdedup.crawler.client import VerdictConsumer
 from streamdedup.settings import Settings
 
 pytestmark = pytest.mark.kafka
@@ -23,10 +23,28 @@ pytestmark = pytest.mark.kafka
 FP_X, FP_Y = "0123456789abcdef", "0123456789abcdee"
 PAGE_X = json.dumps({"url": "http://a/x", "content": "<p>x</p>"}).encode()
 PAGE_Y = json.dumps({"url": "http://a/y", "content": "<p>x!</p>"}).encode()
-VERDICT_X = {"id": "http://a/x", "url": "http://a/x", "verdict": "unique", "fingerprint": FP_X, "match_id": None,
-             "match_url": None, "distance": None, "partition": 0, "offset": 0}
-VERDICT_Y = {"id": "http://a/y", "url": "http://a/y", "verdict": "near_duplicate", "fingerprint": FP_Y,
-             "match_id": "http://a/x", "match_url": "http://a/x", "distance": 1, "partition": 0, "offset": 1}
+VERDICT_X = {
+    "id": "http://a/x",
+    "url": "http://a/x",
+    "verdict": "unique",
+    "fingerprint": FP_X,
+    "match_id": None,
+    "match_url": None,
+    "distance": None,
+    "partition": 0,
+    "offset": 0,
+}
+VERDICT_Y = {
+    "id": "http://a/y",
+    "url": "http://a/y",
+    "verdict": "near_duplicate",
+    "fingerprint": FP_Y,
+    "match_id": "http://a/x",
+    "match_url": "http://a/x",
+    "distance": 1,
+    "partition": 0,
+    "offset": 1,
+}
 
 
 @dataclass
@@ -37,8 +55,18 @@ class Topics:
     dead: str
 
     def flags(self, kafka) -> list[str]:
-        return ["--brokers", kafka.bootstrap, "--verdicts-topic", self.verdicts, "--unique-topic", self.unique,
-                "--near-duplicate-topic", self.near, "--dead-letter-topic", self.dead]
+        return [
+            "--brokers",
+            kafka.bootstrap,
+            "--verdicts-topic",
+            self.verdicts,
+            "--unique-topic",
+            self.unique,
+            "--near-duplicate-topic",
+            self.near,
+            "--dead-letter-topic",
+            self.dead,
+        ]
 
 
 async def _transaction(kafka, messages: list[tuple[str, bytes, bytes, list]], *, abort: bool = False) -> None:
@@ -63,26 +91,53 @@ def topics(kafka) -> Topics:
     and an aborted transaction that no reader may show."""
     t = Topics(*(kafka.create_topic(unique_name(n)) for n in ("verdicts", "unique", "near", "dead")))
     upstream = ("crawler-run", b"run-7")  # an input header, passed through by the worker
-    _write(kafka, [
-        (t.verdicts, b"http://a/x", json.dumps(VERDICT_X).encode(), []),
-        (t.unique, b"http://a/x", PAGE_X, [upstream, ("streamdedup-verdict", b"unique"),
-                                           ("streamdedup-fingerprint", FP_X.encode())]),
-        (t.verdicts, b"http://a/y", json.dumps(VERDICT_Y).encode(), []),
-        (t.near, b"http://a/y", PAGE_Y, [upstream, ("streamdedup-verdict", b"near_duplicate"),
-                                         ("streamdedup-fingerprint", FP_Y.encode()),
-                                         ("streamdedup-match-id", b"http://a/x"),
-                                         ("streamdedup-match-url", b"http://a/x"), ("streamdedup-distance", b"1")]),
-        (t.dead, b"k1", b"{oops", [("streamdedup-reason", b"not_json"),
-                                   ("streamdedup-error", b"the record is not JSON (Expecting value)")]),
-    ])
-    _write(kafka, [(t.verdicts, b"http://a/z", json.dumps({**VERDICT_X, "id": "z", "url": "http://a/z"}).encode(), [])],
-           abort=True)
+    _write(
+        kafka,
+        [
+            (t.verdicts, b"http://a/x", json.dumps(VERDICT_X).encode(), []),
+            (
+                t.unique,
+                b"http://a/x",
+                PAGE_X,
+                [upstream, ("streamdedup-verdict", b"unique"), ("streamdedup-fingerprint", FP_X.encode())],
+            ),
+            (t.verdicts, b"http://a/y", json.dumps(VERDICT_Y).encode(), []),
+            (
+                t.near,
+                b"http://a/y",
+                PAGE_Y,
+                [
+                    upstream,
+                    ("streamdedup-verdict", b"near_duplicate"),
+                    ("streamdedup-fingerprint", FP_Y.encode()),
+                    ("streamdedup-match-id", b"http://a/x"),
+                    ("streamdedup-match-url", b"http://a/x"),
+                    ("streamdedup-distance", b"1"),
+                ],
+            ),
+            (
+                t.dead,
+                b"k1",
+                b"{oops",
+                [
+                    ("streamdedup-reason", b"not_json"),
+                    ("streamdedup-error", b"the record is not JSON (Expecting value)"),
+                ],
+            ),
+        ],
+    )
+    _write(
+        kafka,
+        [(t.verdicts, b"http://a/z", json.dumps({**VERDICT_X, "id": "z", "url": "http://a/z"}).encode(), [])],
+        abort=True,
+    )
     return t
 
 
 def _verdicts(kafka, topics: Topics, *args: str):
-    result = CliRunner().invoke(main, ["verdicts", *topics.flags(kafka), "--from-beginning", *args],
-                                catch_exceptions=False)
+    result = CliRunner().invoke(
+        main, ["verdicts", *topics.flags(kafka), "--from-beginning", *args], catch_exceptions=False
+    )
     assert result.exit_code == 0, result.stderr
     return result
 
@@ -90,8 +145,7 @@ def _verdicts(kafka, topics: Topics, *args: str):
 def test_human_lines_and_aborted_transactions_never_show(kafka, topics):
     t0 = time.monotonic()
     result = _verdicts(kafka, topics, "--timeout", "1.5")
-    assert result.stdout.splitlines() == ["unique          http://a/x",
-                                          "near_duplicate  d=1  http://a/y  ~ http://a/x"]
+    assert result.stdout.splitlines() == ["unique          http://a/x", "near_duplicate  d=1  http://a/y  ~ http://a/x"]
     assert result.stderr == "stopped after 1.5 s without a new record (2 shown)\n"
     assert 1.5 <= time.monotonic() - t0 < 15
 
@@ -108,19 +162,32 @@ def test_output_topics_show_the_headers(kafka, topics):
 
     unique = _verdicts(kafka, topics, "--topic", "unique", "--format", "json", "--max", "1")
     [record] = [json.loads(line) for line in unique.stdout.splitlines()]
-    assert record == {"topic": topics.unique, "partition": 0, "offset": 0, "key": "http://a/x", "url": "http://a/x",
-                      "verdict": "unique", "fingerprint": FP_X, "match_id": None, "match_url": None,
-                      "distance": None, "reason": None, "error": None, "value_bytes": len(PAGE_X),
-                      "headers": {"crawler-run": "run-7", "streamdedup-verdict": "unique",
-                                  "streamdedup-fingerprint": FP_X}}
+    assert record == {
+        "topic": topics.unique,
+        "partition": 0,
+        "offset": 0,
+        "key": "http://a/x",
+        "url": "http://a/x",
+        "verdict": "unique",
+        "fingerprint": FP_X,
+        "match_id": None,
+        "match_url": None,
+        "distance": None,
+        "reason": None,
+        "error": None,
+        "value_bytes": len(PAGE_X),
+        "headers": {"crawler-run": "run-7", "streamdedup-verdict": "unique", "streamdedup-fingerprint": FP_X},
+    }
 
     dead = _verdicts(kafka, topics, "--topic", "dead-letter", "--max", "1")
     assert dead.stdout == "not_json        k1  the record is not JSON (Expecting value)\n"
 
 
 def test_missing_topic_is_a_one_line_error(kafka, topics):
-    result = CliRunner().invoke(main, ["verdicts", "--brokers", kafka.bootstrap, "--verdicts-topic",
-                                       unique_name("no-such-topic"), "--timeout", "1"])
+    result = CliRunner().invoke(
+        main,
+        ["verdicts", "--brokers", kafka.bootstrap, "--verdicts-topic", unique_name("no-such-topic"), "--timeout", "1"],
+    )
     assert result.exit_code == 1
     [line] = result.stderr.splitlines()
     assert line.startswith("Error: topic 'no-such-topic-") and "does not exist" in line

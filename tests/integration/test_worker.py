@@ -19,11 +19,10 @@ import urllib.request
 
 import numpy as np
 import pytest
-
 from stream_harness import StreamTopics, WorkerProcess, page_record, produce, wait_for_verdicts
-from streamdedup.dedup import Deduplicator
-from streamdedup.fingerprint import page_text
-from streamdedup.records import page_from_json
+
+from streamdedup.engine.dedup import Deduplicator
+from streamdedup.engine.records import page_from_json, page_text
 
 pytestmark = pytest.mark.kafka
 
@@ -35,8 +34,7 @@ def _text(rng, n=400) -> list[str]:
 
 
 def _html(words: list[str], title: str, boilerplate: str = "") -> str:
-    return (f"<html><head><title>{title}</title></head><body>{boilerplate}<p>{' '.join(words)}</p>"
-            f"</body></html>")
+    return f"<html><head><title>{title}</title></head><body>{boilerplate}<p>{' '.join(words)}</p></body></html>"
 
 
 def make_waves(seed: int, bases: int, waves: int, extra_unique: int = 0, edit: bool = True) -> list[list[dict]]:
@@ -55,14 +53,26 @@ def make_waves(seed: int, bases: int, waves: int, extra_unique: int = 0, edit: b
             if w and edit:
                 words[int(rng.integers(0, len(words)))] = f"edit{w}"  # one word changed
             clock += 1
-            noise = (f"<aside class='advert'>Buy product {rng.integers(10**6)} now</aside>"
-                     f"<footer>{rng.integers(10**6)} visits, generated 2024-01-01 00:00:{clock % 60:02d}</footer>")
-            wave.append(page_record(f"http://site{b % 7}.test/p{b}/v{w}", _html(words, f"page {b}", noise),
-                                    f"2024-01-01T00:{clock // 60:02d}:{clock % 60:02d}Z"))
+            noise = (
+                f"<aside class='advert'>Buy product {rng.integers(10**6)} now</aside>"
+                f"<footer>{rng.integers(10**6)} visits, generated 2024-01-01 00:00:{clock % 60:02d}</footer>"
+            )
+            wave.append(
+                page_record(
+                    f"http://site{b % 7}.test/p{b}/v{w}",
+                    _html(words, f"page {b}", noise),
+                    f"2024-01-01T00:{clock // 60:02d}:{clock % 60:02d}Z",
+                )
+            )
         for u in range(extra_unique):
             clock += 1
-            wave.append(page_record(f"http://other.test/{w}/{u}", _html(_text(rng), "other"),
-                                    f"2024-01-01T00:{clock // 60:02d}:{clock % 60:02d}Z"))
+            wave.append(
+                page_record(
+                    f"http://other.test/{w}/{u}",
+                    _html(_text(rng), "other"),
+                    f"2024-01-01T00:{clock // 60:02d}:{clock % 60:02d}Z",
+                )
+            )
         out.append(wave)
     return out
 
@@ -177,8 +187,9 @@ def test_sigkill_mid_stream_then_restart(kafka, tmp_path):
         worker.__exit__(None, None, None)
     counts = {k: len(v) for k, v in out["verdicts"].items()}
     assert len(counts) == total, f"{total - len(counts)} pages have no verdict"
-    assert max(counts.values()) == 1 and once_each(out), \
+    assert max(counts.values()) == 1 and once_each(out), (
         f"pages with two verdicts: {[k for k, n in counts.items() if n > 1][:5]}"
+    )
     assert len(out["unique"]) + len(out["near"]) == total
     # pages judged before the crash are still found afterwards: the verdicts equal the embedded run's
     assert judged(out) == expected_verdicts(first + rest)
@@ -186,8 +197,10 @@ def test_sigkill_mid_stream_then_restart(kafka, tmp_path):
 
 def test_bad_input_goes_to_the_dead_letter_topic_and_good_pages_keep_flowing(kafka, tmp_path):
     topics = StreamTopics.fresh(kafka, partitions=2)
-    good = [page_record(f"http://good.test/{i}", f"<p>good page number {i} " + "filler words here " * 20 + "</p>")
-            for i in range(6)]
+    good = [
+        page_record(f"http://good.test/{i}", f"<p>good page number {i} " + "filler words here " * 20 + "</p>")
+        for i in range(6)
+    ]
     big = json.dumps(page_record("http://big.test/", "<p>" + "x" * 3000 + "</p>")).encode()
     bad = [
         (b"k1", b"this is not json", "not_json"),
@@ -199,8 +212,11 @@ def test_bad_input_goes_to_the_dead_letter_topic_and_good_pages_keep_flowing(kaf
         (b"k7", b"[1, 2]", "not_object"),
         (b"k8", json.dumps({"url": "http://e.test/", "content": "   "}).encode(), "empty"),
         (b"k9", json.dumps({"url": "http://b.test/", "content": "\x00\x01\x02\x03" * 50}).encode(), "binary"),
-        (b"k10", json.dumps({"url": "http://t.test/", "content": "x", "fetched_at": "yesterday"}).encode(),
-         "bad_field"),
+        (
+            b"k10",
+            json.dumps({"url": "http://t.test/", "content": "x", "fetched_at": "yesterday"}).encode(),
+            "bad_field",
+        ),
         (b"k11", None, "empty"),  # a tombstone
     ]
     stream = []
@@ -231,12 +247,33 @@ def test_a_page_sent_with_kcat_is_judged_and_read_back_with_kcat(kafka, tmp_path
     topics = StreamTopics.fresh(kafka, partitions=1)
     page = json.dumps(page_record("http://kcat.test/a", "<p>" + "sent by kcat " * 30 + "</p>"))
     with WorkerProcess(kafka, topics, tmp_path):
-        subprocess.run([kcat, "-P", "-b", kafka.bootstrap, "-t", topics.pages, "-K", "\t", "-H", "via=kcat"],
-                       input=f"http://kcat.test/a\t{page}\n".encode(), check=True, timeout=30)
+        subprocess.run(
+            [kcat, "-P", "-b", kafka.bootstrap, "-t", topics.pages, "-K", "\t", "-H", "via=kcat"],
+            input=f"http://kcat.test/a\t{page}\n".encode(),
+            check=True,
+            timeout=30,
+        )
         out = wait_for_verdicts(kafka, topics, 1)
-        read = subprocess.run([kcat, "-C", "-b", kafka.bootstrap, "-t", topics.unique, "-e", "-o", "beginning",
-                               "-X", "isolation.level=read_committed", "-f", "%k\t%h\t%s\n"],
-                              capture_output=True, check=True, timeout=30).stdout.decode()
+        read = subprocess.run(
+            [
+                kcat,
+                "-C",
+                "-b",
+                kafka.bootstrap,
+                "-t",
+                topics.unique,
+                "-e",
+                "-o",
+                "beginning",
+                "-X",
+                "isolation.level=read_committed",
+                "-f",
+                "%k\t%h\t%s\n",
+            ],
+            capture_output=True,
+            check=True,
+            timeout=30,
+        ).stdout.decode()
     assert out["verdicts"]["http://kcat.test/a"][0]["verdict"] == "unique"
     key, headers, value = read.rstrip("\n").split("\t", 2)
     assert key == "http://kcat.test/a" and value == page
@@ -245,8 +282,12 @@ def test_a_page_sent_with_kcat_is_judged_and_read_back_with_kcat(kafka, tmp_path
 
 def test_the_worker_connects_over_sasl_scram(kafka, tmp_path):
     topics = StreamTopics.fresh(kafka, partitions=2)
-    env = {"STREAMDEDUP_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "STREAMDEDUP_SASL_MECHANISM": "SCRAM-SHA-512",
-           "STREAMDEDUP_SASL_USERNAME": kafka.sasl_user, "STREAMDEDUP_SASL_PASSWORD": kafka.sasl_password}
+    env = {
+        "STREAMDEDUP_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        "STREAMDEDUP_SASL_MECHANISM": "SCRAM-SHA-512",
+        "STREAMDEDUP_SASL_USERNAME": kafka.sasl_user,
+        "STREAMDEDUP_SASL_PASSWORD": kafka.sasl_password,
+    }
     a = page_record("http://sasl.test/a", "<p>" + " ".join(f"word{i}" for i in range(300)) + "</p>")
     b = page_record("http://sasl.test/b", a["content"].replace("word7 ", "changed "))
     with WorkerProcess(kafka, topics, tmp_path, env=env, brokers=kafka.sasl_bootstrap):
@@ -278,8 +319,9 @@ def test_a_clean_stop_snapshots_the_shards_and_a_restart_answers_from_them(kafka
 
 
 def _post(port: int, body: bytes) -> tuple[int, dict]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/check", data=body, method="POST",
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/check", data=body, method="POST", headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             return r.status, json.loads(r.read())
@@ -296,21 +338,32 @@ def test_post_check_answers_against_stored_pages_without_storing(kafka, tmp_path
         wait_for_verdicts(kafka, topics, len(wave))
         copy = dict(wave[3], url="http://mirror.test/copy")
         copy.pop("fetched_at")  # a check without a time is judged as of now
-        assert _post(w.web_port, json.dumps(copy).encode()) == (200, {
-            "id": "http://mirror.test/copy", "url": "http://mirror.test/copy", "verdict": "near_duplicate",
-            "fingerprint": _post(w.web_port, json.dumps(copy).encode())[1]["fingerprint"],
-            "match_id": wave[3]["url"], "match_url": wave[3]["url"], "distance": 0})
+        assert _post(w.web_port, json.dumps(copy).encode()) == (
+            200,
+            {
+                "id": "http://mirror.test/copy",
+                "url": "http://mirror.test/copy",
+                "verdict": "near_duplicate",
+                "fingerprint": _post(w.web_port, json.dumps(copy).encode())[1]["fingerprint"],
+                "match_id": wave[3]["url"],
+                "match_url": wave[3]["url"],
+                "distance": 0,
+            },
+        )
         status, body = _post(w.web_port, json.dumps(fresh).encode())
         assert status == 200 and body["verdict"] == "unique" and body["match_id"] is None
         # the check stored nothing: the same page checked again, or sent, is still unique
-        assert _post(w.web_port, json.dumps(dict(fresh, url="http://check.test/again")).encode())[1]["verdict"] == \
-            "unique"
+        assert (
+            _post(w.web_port, json.dumps(dict(fresh, url="http://check.test/again")).encode())[1]["verdict"] == "unique"
+        )
         produce(kafka, topics.pages, [dict(fresh, url="http://check.test/sent")])
         out = wait_for_verdicts(kafka, topics, len(wave) + 1)
         assert out["verdicts"]["http://check.test/sent"][0]["verdict"] == "unique"
         # bad input: a 4xx with the reason
-        assert _post(w.web_port, b"{not json") == (400, {"error": _post(w.web_port, b"{not json")[1]["error"],
-                                                         "reason": "not_json"})
+        assert _post(w.web_port, b"{not json") == (
+            400,
+            {"error": _post(w.web_port, b"{not json")[1]["error"], "reason": "not_json"},
+        )
         assert _post(w.web_port, json.dumps({"url": "http://x/"}).encode())[1]["reason"] == "missing_field"
         status, body = _post(w.web_port, json.dumps(page_record("http://big/", "x" * 9000)).encode())
         assert (status, body["reason"]) == (413, "too_large")

@@ -14,10 +14,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from .dedup import Deduplicator, Verdict
-from .fingerprint import page_text
-from .records import BadRecord, Page
-from .text import PageError
+from streamdedup.engine.dedup import Deduplicator, Verdict
+from streamdedup.engine.records import Page, page_text
+from streamdedup.errors import RecordError
 
 __all__ = ["ScanSummary", "scan_pages"]
 
@@ -30,7 +29,7 @@ class ScanSummary:
 
 
 def scan_pages(
-    records: Iterable[tuple[int, Page | BadRecord]],
+    records: Iterable[tuple[int, Page | RecordError]],
     dedup: Deduplicator,
     out: TextIO,
     batch_size: int = 256,
@@ -49,8 +48,7 @@ def scan_pages(
             if on_bad is not None:
                 on_bad(number, err.reason, str(err))
         if batch:
-            verdicts = dedup.process([p.id for p, _ in batch], [p.url for p, _ in batch],
-                                     [text for _, text in batch])
+            verdicts = dedup.process([p.id for p, _ in batch], [p.url for p, _ in batch], [text for _, text in batch])
             _write(out, verdicts)
             summary.pages += len(verdicts)
             summary.verdicts.update(v.verdict for v in verdicts)
@@ -59,17 +57,17 @@ def scan_pages(
     return summary
 
 
-def _batches(records: Iterable[tuple[int, Page | BadRecord]], size: int) -> Iterator[tuple[list, list]]:
+def _batches(records: Iterable[tuple[int, Page | RecordError]], size: int) -> Iterator[tuple[list, list]]:
     """Batches of (page, visible text), with the records that failed on the way."""
     batch: list[tuple[Page, str]] = []
-    bad: list[tuple[int, BadRecord | PageError]] = []
+    bad: list[tuple[int, RecordError | RecordError]] = []
     for number, item in records:
-        if isinstance(item, BadRecord):
+        if isinstance(item, RecordError):
             bad.append((number, item))
         else:
             try:
                 text = page_text(item)
-            except PageError as e:
+            except RecordError as e:
                 bad.append((number, e))
             else:
                 batch.append((item, text))

@@ -21,7 +21,8 @@ from typing import Any, TypeVar
 
 import click
 
-from .settings import Settings, SettingsError
+from streamdedup.errors import SettingsError
+from streamdedup.settings import Settings
 
 __all__ = ["settings_from_click", "settings_options"]
 
@@ -51,8 +52,7 @@ def settings_options(command: F) -> F:
             flag = m["flag"].removeprefix("--")
             option = click.option(f"--{flag}/--no-{flag}", f.name, default=None, help=_help(f))
         else:
-            option = click.option(m["flag"], f.name, type=str, default=None, metavar=m["metavar"],
-                                  help=_help(f))
+            option = click.option(m["flag"], f.name, type=str, default=None, metavar=m["metavar"], help=_help(f))
         command = option(command)
     return command
 

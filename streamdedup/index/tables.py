@@ -107,14 +107,17 @@ class TableDesign:
             raise ValueError(f"levels={self.levels} gives {n_tables} tables; use fewer blocks or levels")
         tables = _tables(list(range(64)), self.k, tuple(self.levels))
         if self.only is not None:
-            if not self.only or len(set(self.only)) != len(self.only) or not all(
-                    0 <= t < len(tables) for t in self.only):
+            if (
+                not self.only
+                or len(set(self.only)) != len(self.only)
+                or not all(0 <= t < len(tables) for t in self.only)
+            ):
                 raise ValueError(f"only= must name distinct tables in 0..{len(tables) - 1}, got {self.only}")
             tables = [tables[t] for t in self.only]
         object.__setattr__(self, "keys", tuple(tuple(t) for t in tables))
 
     @classmethod
-    def named(cls, name: str, k: int = 3) -> "TableDesign":
+    def named(cls, name: str, k: int = 3) -> TableDesign:
         """A design by its number of tables for k = 3: "20", "16", "10" or "4"."""
         if name not in DESIGNS:
             raise ValueError(f"unknown table design {name!r}; choose one of {', '.join(DESIGNS)}")
@@ -144,7 +147,7 @@ class TableDesign:
             out.append((bits, tuple(range(g * per_group, (g + 1) * per_group))))
         return out
 
-    def restricted(self, tables: tuple[int, ...]) -> "TableDesign":
+    def restricted(self, tables: tuple[int, ...]) -> TableDesign:
         """The same design keeping only some of its tables."""
         return TableDesign(f=self.f, k=self.k, levels=self.levels, only=tuple(tables))
 

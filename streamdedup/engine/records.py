@@ -1,7 +1,7 @@
 """Crawled pages as they arrive: the JSON record contract, JSON-lines files and WARC files.
 
 A record is a JSON object ``{"url", "content", "content_type"?, "fetched_at"?, "id"?}``; the
-id defaults to the URL.  Anything else is a :class:`BadRecord` with a short ``reason`` that
+id defaults to the URL.  Anything else is a :class:`RecordError` with a short ``reason`` that
 the stream layer puts on the dead-letter topic and ``scan`` reports with its line number.
 
 >>> page_from_json(b'{"url": "http://a/", "content": "hi"}').id
@@ -9,7 +9,7 @@ the stream layer puts on the dead-letter topic and ``scan`` reports with its lin
 >>> page_from_json(b'{"url": "http://a/"}')
 Traceback (most recent call last):
 ...
-streamdedup.records.BadRecord: missing_field: the record has no "content" (a string)
+streamdedup.errors.RecordError: missing_field: the record has no "content" (a string)
 """
 
 from __future__ import annotations
@@ -21,7 +21,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["Page", "BadRecord", "page_from_json", "read_jsonl", "read_warc", "read_pages", "sniff_format"]
+from streamdedup.errors import RecordError
+from streamdedup.fingerprinting.text import visible_text
+
+__all__ = [
+    "Page",
+    "RecordError",
+    "page_text",
+    "page_from_json",
+    "read_jsonl",
+    "read_warc",
+    "read_pages",
+    "sniff_format",
+]
 
 #: Default upper bound on a record's size; pages above it are rejected, not truncated.
 DEFAULT_MAX_PAGE_BYTES = 5 * 1024 * 1024
@@ -39,50 +51,35 @@ class Page:
     fetched_at: str | None = None
 
 
-class BadRecord(ValueError):
-    """A record that cannot be a page.  ``reason`` is one of :data:`REASONS`."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(f"{reason}: {message}")
-        self.reason, self.message = reason, message
-
-
-#: Every reason a record can be rejected for (a metric label and a dead-letter header value);
-#: ``unparsable`` comes from the HTML parser, ``internal_error`` from a worker bug (the record
-#: is kept on the dead-letter topic rather than lost).
-REASONS = ("not_utf8", "not_json", "not_object", "missing_field", "bad_field", "empty", "too_large",
-           "not_text", "binary", "undecodable", "unparsable", "bad_warc", "internal_error")
-
-
 def page_from_json(raw: bytes | str, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Page:
     """Validate one JSON record (bytes as they came off the wire) and make it a :class:`Page`."""
     if len(raw) > max_bytes:
-        raise BadRecord("too_large", f"the record is {len(raw)} bytes, over the limit of {max_bytes}")
+        raise RecordError("too_large", f"the record is {len(raw)} bytes, over the limit of {max_bytes}")
     if isinstance(raw, bytes):
         try:
             raw = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise BadRecord("not_utf8", f"the record is not UTF-8 ({e.reason} at byte {e.start})") from None
+            raise RecordError("not_utf8", f"the record is not UTF-8 ({e.reason} at byte {e.start})") from None
     if not raw.strip():
-        raise BadRecord("empty", "the record is empty")
+        raise RecordError("empty", "the record is empty")
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as e:
-        raise BadRecord("not_json", f"the record is not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+        raise RecordError("not_json", f"the record is not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
     if not isinstance(data, dict):
-        raise BadRecord("not_object", f"the record is a JSON {type(data).__name__}, not an object")
+        raise RecordError("not_object", f"the record is a JSON {type(data).__name__}, not an object")
     for name in ("url", "content"):
         if name not in data or data[name] is None:
-            raise BadRecord("missing_field", f'the record has no "{name}" (a string)')
+            raise RecordError("missing_field", f'the record has no "{name}" (a string)')
         if not isinstance(data[name], str):
-            raise BadRecord("bad_field", f'"{name}" must be a string, got {type(data[name]).__name__}')
+            raise RecordError("bad_field", f'"{name}" must be a string, got {type(data[name]).__name__}')
     for name in ("id", "content_type", "fetched_at"):
         if data.get(name) is not None and not isinstance(data[name], str):
-            raise BadRecord("bad_field", f'"{name}" must be a string, got {type(data[name]).__name__}')
+            raise RecordError("bad_field", f'"{name}" must be a string, got {type(data[name]).__name__}')
     if not data["url"].strip():
-        raise BadRecord("missing_field", '"url" is empty')
+        raise RecordError("missing_field", '"url" is empty')
     if not data["content"].strip():
-        raise BadRecord("empty", "the page content is empty")
+        raise RecordError("empty", "the page content is empty")
     return Page(
         id=data.get("id") or data["url"],
         url=data["url"],
@@ -92,7 +89,7 @@ def page_from_json(raw: bytes | str, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) ->
     )
 
 
-Numbered = Iterator[tuple[int, "Page | BadRecord"]]
+Numbered = Iterator[tuple[int, "Page | RecordError"]]
 
 
 def read_jsonl(stream: BinaryIO, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Numbered:
@@ -102,7 +99,7 @@ def read_jsonl(stream: BinaryIO, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Num
             continue
         try:
             yield number, page_from_json(line.rstrip(b"\r\n"), max_bytes)
-        except BadRecord as e:
+        except RecordError as e:
             yield number, e
 
 
@@ -128,22 +125,27 @@ def read_warc(stream: BinaryIO, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Numb
             mime, charset = _split_content_type(ctype_header)
             body = record.content_stream().read(max_bytes + 1)
             if not url:
-                yield number, BadRecord("missing_field", "the response record has no WARC-Target-URI")
+                yield number, RecordError("missing_field", "the response record has no WARC-Target-URI")
             elif len(body) > max_bytes:
-                yield number, BadRecord("too_large", f"the body is over the limit of {max_bytes} bytes")
+                yield number, RecordError("too_large", f"the body is over the limit of {max_bytes} bytes")
             elif not body.strip():
-                yield number, BadRecord("empty", "the response body is empty")
+                yield number, RecordError("empty", "the response body is empty")
             else:
                 yield number, Page(url, url, body, mime, charset, fetched)
     except ArchiveLoadFailed as e:
-        yield number + 1, BadRecord("bad_warc", f"the WARC file is damaged after record {number}: {e}")
+        yield number + 1, RecordError("bad_warc", f"the WARC file is damaged after record {number}: {e}")
         return
     # warcio stops quietly at a truncated gzip member: say so rather than lose the tail.
     if stream.seekable():
         size = stream.seek(0, 2)
         if records.offset < size:
-            yield number + 1, BadRecord(
-                "bad_warc", f"the WARC file ends in a damaged or truncated record at byte {records.offset} of {size}")
+            yield (
+                number + 1,
+                RecordError(
+                    "bad_warc",
+                    f"the WARC file ends in a damaged or truncated record at byte {records.offset} of {size}",
+                ),
+            )
 
 
 def _split_content_type(value: str | None) -> tuple[str | None, str | None]:
@@ -189,3 +191,8 @@ def read_pages(path: Path, fmt: str = "auto", max_bytes: int = DEFAULT_MAX_PAGE_
     with _open(path) as stream:
         reader = read_warc if fmt == "warc" else read_jsonl
         yield from reader(stream, max_bytes)
+
+
+def page_text(page: Page) -> str:
+    """The visible main text of a page (raises :class:`streamdedup.errors.RecordError`)."""
+    return visible_text(page.content, page.content_type, page.charset)

@@ -35,9 +35,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .arrays import GrowingArray
-from .simhash import hamming_many
-from .tables import TableDesign
+from streamdedup.fingerprinting.simhash import hamming_many
+from streamdedup.index.arrays import GrowingArray
+from streamdedup.index.tables import TableDesign
 
 __all__ = ["HammingIndex", "Matches"]
 
@@ -54,7 +54,7 @@ class Matches:
 class _Run:
     """One sorted run of entries ``key << 32 | row`` (uint64), with a bucket directory."""
 
-    __slots__ = ("entries", "_dir", "_buckets")
+    __slots__ = ("_buckets", "_dir", "entries")
 
     #: Runs smaller than this are binary-searched: they sit in cache anyway.
     DIRECTORY_MIN = 1 << 16
@@ -121,7 +121,7 @@ class _Run:
         return which[hit], (found[hit] & np.uint64(0xFFFFFFFF)).astype(np.int64)
 
     @staticmethod
-    def merge(old: "_Run", new: "_Run") -> "_Run":
+    def merge(old: _Run, new: _Run) -> _Run:
         """Two sorted runs into one: numpy's stable sort is timsort, linear on two runs."""
         entries = np.concatenate((old.entries, new.entries))
         entries.sort(kind="stable")
@@ -197,8 +197,9 @@ class HammingIndex:
         self._ids.extend(ids)
         self._n += m
         self._runs.append(self._build_run(fps, np.arange(start, start + m, dtype=np.uint32)))
-        while len(self._runs) >= 2 and (self.MERGE_RATIO * len(self._runs[-1]) >= len(self._runs[-2])
-                                         or len(self._runs[-2]) < self.SMALL_RUN):
+        while len(self._runs) >= 2 and (
+            self.MERGE_RATIO * len(self._runs[-1]) >= len(self._runs[-2]) or len(self._runs[-2]) < self.SMALL_RUN
+        ):
             new = self._runs.pop()
             self._runs[-1] = _Run.merge(self._runs[-1], new)
 
@@ -277,15 +278,20 @@ class HammingIndex:
         """The index as arrays, for a snapshot (integer ids only; runs kept as they are)."""
         if self._ids._objects is not None:
             raise ValueError("only an index with integer ids can be snapshotted")
-        out = {"fps": self._fps[: self._n], "alive": self._alive[: self._n], "ids": self._ids._ints.view(),
-               "k": np.array(self.k), "levels": np.array(self.design.levels),
-               "only": np.array(self.design.only if self.design.only is not None else [], dtype=np.int64)}
+        out = {
+            "fps": self._fps[: self._n],
+            "alive": self._alive[: self._n],
+            "ids": self._ids._ints.view(),
+            "k": np.array(self.k),
+            "levels": np.array(self.design.levels),
+            "only": np.array(self.design.only if self.design.only is not None else [], dtype=np.int64),
+        }
         for i, run in enumerate(self._runs):
             out[f"run{i}"] = run.entries
         return out
 
     @classmethod
-    def from_state(cls, state: dict[str, np.ndarray]) -> "HammingIndex":
+    def from_state(cls, state: dict[str, np.ndarray]) -> HammingIndex:
         """Rebuild an index from :meth:`state` without sorting anything again."""
         only = tuple(state["only"].tolist()) or None
         design = TableDesign(k=int(state["k"]), levels=tuple(state["levels"].tolist()), only=only)
@@ -366,7 +372,7 @@ class _Ids:
             return np.empty(0, dtype=np.int64)
         return np.flatnonzero(self._ints.view() == id)
 
-    def keep(self, rows: np.ndarray) -> "_Ids":
+    def keep(self, rows: np.ndarray) -> _Ids:
         if self._objects is not None:
             return _Ids(objects=[self._objects[r] for r in rows.tolist()])
         return _Ids(ints=self._ints.view()[rows])
@@ -377,7 +383,11 @@ def _int_ids(ids: Sequence[Hashable]) -> np.ndarray | None:
     if isinstance(ids, range):
         return np.arange(ids.start, ids.stop, ids.step, dtype=np.int64)
     if isinstance(ids, np.ndarray):
-        return ids.astype(np.int64) if ids.dtype.kind in "iu" and (ids.dtype.kind == "i" or ids.max(initial=0) < 2**63) else None
+        return (
+            ids.astype(np.int64)
+            if ids.dtype.kind in "iu" and (ids.dtype.kind == "i" or ids.max(initial=0) < 2**63)
+            else None
+        )
     if all(type(i) is int and -(2**63) <= i < 2**63 for i in ids):
         return np.array(ids, dtype=np.int64)
     return None

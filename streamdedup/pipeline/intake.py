@@ -3,7 +3,7 @@
 For a batch of records read from the pages topic: validate each (a bad one becomes a dead
 letter with its reason, in its place), extract the visible text, fingerprint the good pages
 in one batch, register them as waiting, and make their probes: one per table group, grouped
-by the shard partition that owns the group's value (:class:`~streamdedup.shard.ShardPlan`),
+by the shard partition that owns the group's value (:class:`~streamdedup.pipeline.shard.ShardPlan`),
 so a batch costs one Kafka message per shard partition, not one per probe.
 
 The order key of a page is ``fetched_at`` from the record (ISO 8601, in milliseconds), else
@@ -14,21 +14,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import xxhash
 
-from .fingerprint import Fingerprints, page_text
-from .pending import Pending
-from .records import BadRecord, Page, page_from_json
-from .shard import ShardPlan
-from .text import PageError
-from .wire import PROBES, Batch
+from streamdedup.engine.records import Page, page_from_json, page_text
+from streamdedup.errors import RecordError
+from streamdedup.fingerprinting.pages import Fingerprints
+from streamdedup.pipeline.pending import Pending
+from streamdedup.pipeline.shard import ShardPlan
+from streamdedup.pipeline.wire import PROBES, Batch
 
 __all__ = ["Record", "Parsed", "Intake", "parse", "fingerprint_contents", "probe_batches", "fetched_ms", "id_hash"]
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class Parsed:
 
     records: list[Record]
     pages: list[Page | None]
-    errors: list[BadRecord | PageError | None]
+    errors: list[RecordError | RecordError | None]
     fetched: list[int]
 
     def contents(self) -> list[tuple[str | bytes, str | None, str | None]]:
@@ -63,10 +63,10 @@ def parse(records: Sequence[Record], max_bytes: int) -> Parsed:
         page, error, fetched = None, None, 0
         try:
             if r.value is None:
-                raise BadRecord("empty", "the record has no value (a tombstone)")
+                raise RecordError("empty", "the record has no value (a tombstone)")
             page = page_from_json(r.value, max_bytes)
             fetched = fetched_ms(page.fetched_at, r.timestamp_ms)
-        except BadRecord as e:
+        except RecordError as e:
             error = e
         out.records.append(r)
         out.pages.append(page)
@@ -75,8 +75,9 @@ def parse(records: Sequence[Record], max_bytes: int) -> Parsed:
     return out
 
 
-def fingerprint_contents(contents: Sequence[tuple[str | bytes, str | None, str | None]]
-                         ) -> tuple[np.ndarray, list[tuple[int, str, str]]]:
+def fingerprint_contents(
+    contents: Sequence[tuple[str | bytes, str | None, str | None]],
+) -> tuple[np.ndarray, list[tuple[int, str, str]]]:
     """The heavy part: visible text and simhash of each (content, content type, charset).
 
     Returns the fingerprints of the pages that have text, in order, and (position, reason,
@@ -87,7 +88,7 @@ def fingerprint_contents(contents: Sequence[tuple[str | bytes, str | None, str |
     for i, (content, content_type, charset) in enumerate(contents):
         try:
             texts.append(page_text(Page("", "", content, content_type, charset)))
-        except PageError as e:
+        except RecordError as e:
             failed.append((i, e.reason, e.message))
     return (Fingerprints(texts).simhash if texts else np.zeros(0, dtype=np.uint64)), failed
 
@@ -102,20 +103,21 @@ class Intake:
     partitions: set[int] = field(default_factory=set)  # input partitions touched
 
     @classmethod
-    def read(cls, records: Sequence[Record], pending: Pending, plan: ShardPlan, max_bytes: int) -> "Intake":
+    def read(cls, records: Sequence[Record], pending: Pending, plan: ShardPlan, max_bytes: int) -> Intake:
         """Parse, fingerprint and register a batch, all here."""
         parsed = parse(records, max_bytes)
         return cls.register(parsed, *fingerprint_contents(parsed.contents()), pending, plan)
 
     @classmethod
-    def register(cls, parsed: Parsed, fps: np.ndarray, failed: list[tuple[int, str, str]], pending: Pending,
-                 plan: ShardPlan) -> "Intake":
+    def register(
+        cls, parsed: Parsed, fps: np.ndarray, failed: list[tuple[int, str, str]], pending: Pending, plan: ShardPlan
+    ) -> Intake:
         """Register a parsed and fingerprinted batch in ``pending`` (in offset order) and make its probes."""
         out = cls()
         errors = list(parsed.errors)
         good = [i for i, e in enumerate(errors) if e is None]
         for j, reason, message in failed:  # positions among the good pages
-            errors[good[j]] = PageError(reason, message)
+            errors[good[j]] = RecordError(reason, message)
         fp_of = {}
         for i, fp in zip((i for i in good if errors[i] is None), fps.tolist()):
             fp_of[i] = fp
@@ -125,13 +127,30 @@ class Intake:
             out.partitions.add(r.partition)
             if error is not None:  # registered in offset order, dead letters in their place
                 out.bad[error.reason] = out.bad.get(error.reason, 0) + 1
-                pending.add_bad(r.partition, r.offset, error.reason, error.message, key=r.key, value=r.value or b"",
-                                headers=r.headers, timestamp_ms=r.timestamp_ms,
-                                page_id=page.id if page is not None else None)
+                pending.add_bad(
+                    r.partition,
+                    r.offset,
+                    error.reason,
+                    error.message,
+                    key=r.key,
+                    value=r.value or b"",
+                    headers=r.headers,
+                    timestamp_ms=r.timestamp_ms,
+                    page_id=page.id if page is not None else None,
+                )
                 continue
             out.pages += 1
-            req = pending.add_page(r.partition, r.offset, page_id=page.id, url=page.url, fingerprint=fp_of[i],
-                                   key=r.key, value=r.value, headers=r.headers, timestamp_ms=r.timestamp_ms)
+            req = pending.add_page(
+                r.partition,
+                r.offset,
+                page_id=page.id,
+                url=page.url,
+                fingerprint=fp_of[i],
+                key=r.key,
+                value=r.value,
+                headers=r.headers,
+                timestamp_ms=r.timestamp_ms,
+            )
             if req is not None:  # None: redelivered while its first delivery still waits
                 rows.append((req, fetched, id_hash(page.id), r.partition, page.id, page.url))
                 row_fps.append(fp_of[i])
@@ -140,18 +159,24 @@ class Intake:
         return out
 
 
-def probe_batches(plan: ShardPlan, fps: np.ndarray, requests, fetched, id_hashes, partitions, ids, urls,
-                  kind: int = PROBES) -> dict[int, Batch]:
+def probe_batches(
+    plan: ShardPlan, fps: np.ndarray, requests, fetched, id_hashes, partitions, ids, urls, kind: int = PROBES
+) -> dict[int, Batch]:
     """One probe per (page, table group), grouped by the shard partition that owns it."""
     dest = plan.probes(fps)  # (n, groups)
     n, g = dest.shape
     page_of = np.repeat(np.arange(n), g)
-    flat = Batch.build(group=np.tile(np.arange(g), n), fps=fps[page_of],
-                       fetched=np.asarray(fetched, dtype=np.int64)[page_of],
-                       id_hash=np.asarray(id_hashes, dtype=np.uint64)[page_of],
-                       request=np.asarray(requests, dtype=np.uint64)[page_of],
-                       partition=np.asarray(partitions)[page_of],
-                       ids=[ids[i] for i in page_of.tolist()], urls=[urls[i] for i in page_of.tolist()], kind=kind)
+    flat = Batch.build(
+        group=np.tile(np.arange(g), n),
+        fps=fps[page_of],
+        fetched=np.asarray(fetched, dtype=np.int64)[page_of],
+        id_hash=np.asarray(id_hashes, dtype=np.uint64)[page_of],
+        request=np.asarray(requests, dtype=np.uint64)[page_of],
+        partition=np.asarray(partitions)[page_of],
+        ids=[ids[i] for i in page_of.tolist()],
+        urls=[urls[i] for i in page_of.tolist()],
+        kind=kind,
+    )
     dest = dest.ravel()
     return {s: flat.select(dest == s) for s in np.unique(dest).tolist()}
 
@@ -167,9 +192,9 @@ def fetched_ms(value: str | None, fallback_ms: int | None) -> int:
     try:
         t = datetime.fromisoformat(value.strip())
     except ValueError:
-        raise BadRecord("bad_field", f'"fetched_at" is not an ISO 8601 time: {value[:40]!r}') from None
+        raise RecordError("bad_field", f'"fetched_at" is not an ISO 8601 time: {value[:40]!r}') from None
     if t.tzinfo is None:
-        t = t.replace(tzinfo=timezone.utc)
+        t = t.replace(tzinfo=UTC)
     return (t - _EPOCH) // timedelta(milliseconds=1)  # integer arithmetic: exact to the millisecond
 
 

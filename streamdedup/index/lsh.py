@@ -38,8 +38,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from .features import mix64
-from .minhash import _splitmix64
+from streamdedup.fingerprinting.features import mix64
+from streamdedup.fingerprinting.minhash import _splitmix64
 
 __all__ = ["s_curve", "threshold_of", "choose_bands", "Candidates", "LSHIndex"]
 
@@ -79,25 +79,21 @@ def _is_int(x) -> bool:
 def _check_num_perm(num_perm: int) -> int:
     if not _is_int(num_perm) or num_perm < 2:
         raise ValueError(
-            "num_perm must be an integer >= 2 (e.g. 128, as given to minhash_signature); "
-            f"got {num_perm!r}"
+            f"num_perm must be an integer >= 2 (e.g. 128, as given to minhash_signature); got {num_perm!r}"
         )
     return int(num_perm)
 
 
 def _check_threshold(threshold: float) -> float:
     if not isinstance(threshold, (int, float, np.floating)) or not 0.0 < threshold < 1.0:
-        raise ValueError(
-            f"threshold must be a resemblance strictly between 0 and 1, e.g. 0.8; got {threshold!r}"
-        )
+        raise ValueError(f"threshold must be a resemblance strictly between 0 and 1, e.g. 0.8; got {threshold!r}")
     return float(threshold)
 
 
 def _check_bands(b: int, r: int, num_perm: int | None) -> tuple[int, int]:
     if not (_is_int(b) and _is_int(r) and b >= 1 and r >= 1):
         raise ValueError(
-            "b (bands) and r (rows per band) must be positive integers, e.g. b=9, r=13; "
-            f"got b={b!r}, r={r!r}"
+            f"b (bands) and r (rows per band) must be positive integers, e.g. b=9, r=13; got b={b!r}, r={r!r}"
         )
     if num_perm is not None and b * r > num_perm:
         raise ValueError(
@@ -108,9 +104,7 @@ def _check_bands(b: int, r: int, num_perm: int | None) -> tuple[int, int]:
     return int(b), int(r)
 
 
-def choose_bands(
-    threshold: float, num_perm: int, fp_weight: float = 0.5, fn_weight: float = 0.5
-) -> tuple[int, int]:
+def choose_bands(threshold: float, num_perm: int, fp_weight: float = 0.5, fn_weight: float = 0.5) -> tuple[int, int]:
     """The ``(b, r)`` with ``b * r <= num_perm`` that best separates resemblance ``threshold``.
 
     For every admissible ``(b, r)`` the false-positive area is the integral of the S-curve
@@ -131,18 +125,12 @@ def choose_bands(
         if not isinstance(w, (int, float, np.floating)) or not w >= 0:
             raise ValueError(f"{name} must be a number >= 0 (e.g. 0.5); got {w!r}")
     if fp_weight + fn_weight <= 0:
-        raise ValueError(
-            "fp_weight and fn_weight must not both be 0; e.g. fp_weight=0.5, fn_weight=0.5"
-        )
+        raise ValueError("fp_weight and fn_weight must not both be 0; e.g. fp_weight=0.5, fn_weight=0.5")
     return _choose_bands(threshold, num_perm, float(fp_weight), float(fn_weight))
 
 
-@lru_cache(
-    maxsize=64
-)  # arguments already validated and normalised (an lru_cache treats 128.0 as 128)
-def _choose_bands(
-    threshold: float, num_perm: int, fp_weight: float, fn_weight: float
-) -> tuple[int, int]:
+@lru_cache(maxsize=64)  # arguments already validated and normalised (an lru_cache treats 128.0 as 128)
+def _choose_bands(threshold: float, num_perm: int, fp_weight: float, fn_weight: float) -> tuple[int, int]:
     x, w = np.polynomial.legendre.leggauss(min(num_perm // 2 + 1, 128))
     lo_s, lo_w = threshold * (x + 1) / 2, w * threshold / 2
     hi_s, hi_w = threshold + (1 - threshold) * (x + 1) / 2, w * (1 - threshold) / 2
@@ -164,7 +152,7 @@ class _Run:
     ~20 cache misses of a binary search over millions of keys.
     """
 
-    __slots__ = ("keys", "rows", "_dir", "_shift")
+    __slots__ = ("_dir", "_shift", "keys", "rows")
     DIRECTORY_MIN = 1 << 15  # smaller runs are binary-searched: they sit in cache anyway
 
     def __init__(self, keys: np.ndarray, rows: np.ndarray) -> None:
@@ -189,9 +177,7 @@ class _Run:
             if self._dir is None:
                 bits = max(1, (len(self.keys) // 4).bit_length())
                 self._shift = 64 - bits
-                counts = np.bincount(
-                    (self.keys >> _U64(self._shift)).astype(np.intp), minlength=1 << bits
-                )
+                counts = np.bincount((self.keys >> _U64(self._shift)).astype(np.intp), minlength=1 << bits)
                 self._dir = np.concatenate([[0], np.cumsum(counts)])
             bucket = (needles >> _U64(self._shift)).astype(np.intp)
             which = np.arange(len(needles))
@@ -241,12 +227,12 @@ class LSHIndex:
 
     ``threshold`` picks ``(b, r)`` with :func:`choose_bands` unless both are given (then it is
     only recorded; the S-curve's midpoint is ``threshold_of(b, r)``).  Same shape as
-    :class:`streamdedup.index.HammingIndex`: ids may be any hashable values, an id added twice
+    :class:`streamdedup.index.hamming.HammingIndex`: ids may be any hashable values, an id added twice
     is stored twice, ``remove`` forgets all of an id's rows, and results are ``(id, score)``
     best first, then oldest.  Not thread-safe.
 
-    >>> from streamdedup.features import text_shingles
-    >>> from streamdedup.minhash import minhash_signatures
+    >>> from streamdedup.fingerprinting.features import text_shingles
+    >>> from streamdedup.fingerprinting.minhash import minhash_signatures
     >>> a = "It was the best of times, it was the worst of times, it was the age of wisdom, "
     >>> texts = [a + "it was the epoch of belief", a + "it was the epoch of incredulity",
     ...          "Call me Ishmael. Some years ago, never mind how long precisely"]
@@ -274,9 +260,7 @@ class LSHIndex:
             raise ValueError("give both b and r, or neither (then they are chosen from threshold)")
         self.b, self.r = _check_bands(b, r, self.num_perm)
         m = int(_MUL)
-        self._powers = np.array(
-            [pow(m, self.r - 1 - t, 1 << 64) for t in range(self.r)], dtype=_U64
-        )
+        self._powers = np.array([pow(m, self.r - 1 - t, 1 << 64) for t in range(self.r)], dtype=_U64)
         self._salt_top = _splitmix64(_LSH_DOMAIN, self.b) * _U64(pow(m, self.r, 1 << 64))
         self._n = 0  # rows used (removed rows included)
         self._dead_count = 0
@@ -293,8 +277,7 @@ class LSHIndex:
 
     def __repr__(self) -> str:
         return (
-            f"LSHIndex(threshold={self.threshold}, num_perm={self.num_perm}, "
-            f"b={self.b}, r={self.r}, len={len(self)})"
+            f"LSHIndex(threshold={self.threshold}, num_perm={self.num_perm}, b={self.b}, r={self.r}, len={len(self)})"
         )
 
     def __len__(self) -> int:
@@ -353,16 +336,12 @@ class LSHIndex:
         ids = list(ids)
         if len(ids) != len(sigs):
             raise ValueError(f"got {len(ids)} ids for {len(sigs)} signatures; pass one id each")
-        id_hash = np.fromiter(
-            map(hash, ids), dtype=np.int64, count=len(ids)
-        )  # TypeError if unhashable
+        id_hash = np.fromiter(map(hash, ids), dtype=np.int64, count=len(ids))  # TypeError if unhashable
         m, n = len(ids), self._n
         if m == 0:
             return
         if n + m >= 2**31:
-            raise ValueError(
-                "an LSHIndex holds fewer than 2**31 rows (removed ones included); shard the index"
-            )
+            raise ValueError("an LSHIndex holds fewer than 2**31 rows (removed ones included); shard the index")
         if n + m > len(self._sigs):
             cap = max(n + m, 2 * len(self._sigs), 1024)
             self._sigs = _grown(self._sigs, n, cap)
@@ -439,10 +418,7 @@ class LSHIndex:
         if min_resemblance is not None and not (
             isinstance(min_resemblance, (int, float, np.floating)) and 0 <= min_resemblance <= 1
         ):
-            raise ValueError(
-                "min_resemblance must be None or a number in [0, 1], e.g. 0.8; "
-                f"got {min_resemblance!r}"
-            )
+            raise ValueError(f"min_resemblance must be None or a number in [0, 1], e.g. 0.8; got {min_resemblance!r}")
         m = len(sigs)
         qk = self._band_keys(sigs)
         if (self._n - self._tail_start) * m * self.b > _SCAN_BUDGET:
@@ -474,9 +450,7 @@ class LSHIndex:
             out[q].append((ids[r], s))
         return out
 
-    def query(
-        self, signature: np.ndarray, min_resemblance: float | None = None
-    ) -> list[tuple[Hashable, float]]:
+    def query(self, signature: np.ndarray, min_resemblance: float | None = None) -> list[tuple[Hashable, float]]:
         """The ``(id, estimated resemblance)`` of every signature sharing a band, best first."""
         return self.query_many(self._check_sigs(signature, 1)[None, :], min_resemblance)[0]
 

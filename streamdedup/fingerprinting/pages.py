@@ -10,13 +10,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .features import shingle_hashes, word_hashes
-from .minhash import minhash_signatures
-from .records import Page
-from .simhash import simhash_many
-from .text import visible_text
+from streamdedup.fingerprinting.features import shingle_hashes, word_hashes
+from streamdedup.fingerprinting.minhash import minhash_signatures
+from streamdedup.fingerprinting.simhash import simhash_many
+from streamdedup.fingerprinting.text import visible_text
 
-__all__ = ["SIMHASH_WORDS", "MINHASH_WORDS", "fingerprint", "page_text", "simhash_texts", "Fingerprints"]
+__all__ = ["SIMHASH_WORDS", "MINHASH_WORDS", "fingerprint", "simhash_texts", "Fingerprints"]
 
 #: Words per simhash feature.  Bigrams, weighted by their frequency in the page: on the
 #: benchmark corpus (bench/README.md) they gave the best precision/recall balance at k = 3;
@@ -25,11 +24,6 @@ SIMHASH_WORDS = 2
 #: Words per MinHash shingle: trigrams, so that resemblance estimates the Jaccard similarity
 #: of word 3-shingles, the usual definition of a near-duplicate.
 MINHASH_WORDS = 3
-
-
-def page_text(page: Page) -> str:
-    """The visible main text of a page (raises :class:`streamdedup.text.PageError`)."""
-    return visible_text(page.content, page.content_type, page.charset)
 
 
 def fingerprint(content: str | bytes, content_type: str | None = "text/html") -> int:
@@ -49,7 +43,7 @@ def simhash_texts(texts: Sequence[str]) -> np.ndarray:
 class Fingerprints:
     """Everything an algorithm needs about a batch of texts, each part computed once."""
 
-    __slots__ = ("simhash", "_words", "_minhash", "_num_perm")
+    __slots__ = ("_minhash", "_num_perm", "_words", "simhash")
 
     def __init__(self, texts: Sequence[str], num_perm: int = 128) -> None:
         self._words = [word_hashes(t) for t in texts]
@@ -64,4 +58,3 @@ class Fingerprints:
             shingles = [shingle_hashes(w, MINHASH_WORDS) for w in self._words]
             self._minhash = minhash_signatures(shingles, num_perm=self._num_perm)
         return self._minhash
-

@@ -29,12 +29,12 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from .arrays import GrowingArray
-from .fingerprint import Fingerprints
-from .index import HammingIndex
-from .lsh import LSHIndex, choose_bands
-from .simhash import to_hex
-from .tables import TableDesign
+from streamdedup.fingerprinting.pages import Fingerprints
+from streamdedup.fingerprinting.simhash import to_hex
+from streamdedup.index.arrays import GrowingArray
+from streamdedup.index.hamming import HammingIndex
+from streamdedup.index.lsh import LSHIndex, choose_bands
+from streamdedup.index.tables import TableDesign
 
 __all__ = ["ALGORITHMS", "Verdict", "Deduplicator"]
 
@@ -146,8 +146,9 @@ class Deduplicator:
         keep = resemblance >= self.threshold
         return query[keep], row[keep], resemblance[keep]
 
-    def _verdicts(self, base: int, query: np.ndarray, row: np.ndarray, score: np.ndarray,
-                  fps: np.ndarray) -> list[Verdict]:
+    def _verdicts(
+        self, base: int, query: np.ndarray, row: np.ndarray, score: np.ndarray, fps: np.ndarray
+    ) -> list[Verdict]:
         own = base + query
         id_hash = self._id_hash.view()
         keep = (row < own) & (id_hash[row] != id_hash[own])
@@ -168,11 +169,15 @@ class Deduplicator:
             m, s = best[q]
             distance = (fp ^ int(self._fps.view()[m])).bit_count()
             similarity = None if self.algorithm == "simhash" else float(s)
-            out.append(Verdict(self._ids[r], self._urls[r], "near_duplicate", fp,
-                               self._ids[m], self._urls[m], distance, similarity))
+            out.append(
+                Verdict(
+                    self._ids[r], self._urls[r], "near_duplicate", fp, self._ids[m], self._urls[m], distance, similarity
+                )
+            )
         return out
 
 
 def _id_hashes(ids: Sequence[str]) -> np.ndarray:
-    return np.fromiter((xxhash.xxh3_64_intdigest(i.encode("utf-8", "surrogatepass")) for i in ids),
-                       dtype=np.uint64, count=len(ids))
+    return np.fromiter(
+        (xxhash.xxh3_64_intdigest(i.encode("utf-8", "surrogatepass")) for i in ids), dtype=np.uint64, count=len(ids)
+    )

@@ -33,8 +33,19 @@ import numpy as np
 
 __all__ = ["ROW", "PROBES", "ANSWERS", "CHANGELOG", "CHECKS", "Batch", "encode", "decode", "kind_of"]
 
-ROW = np.dtype([("fp", "<u8"), ("fetched", "<i8"), ("id_hash", "<u8"), ("request", "<u8"), ("group", "<u2"),
-                ("distance", "<i2"), ("partition", "<u4"), ("id_len", "<u4"), ("url_len", "<u4")])
+ROW = np.dtype(
+    [
+        ("fp", "<u8"),
+        ("fetched", "<i8"),
+        ("id_hash", "<u8"),
+        ("request", "<u8"),
+        ("group", "<u2"),
+        ("distance", "<i2"),
+        ("partition", "<u4"),
+        ("id_len", "<u4"),
+        ("url_len", "<u4"),
+    ]
+)
 assert ROW.itemsize == 48
 PROBES, ANSWERS, CHANGELOG, CHECKS = 1, 2, 3, 4  # CHECKS: probes that only look (POST /check)
 _MAGIC = b"SDB1"
@@ -84,10 +95,13 @@ class Batch:
     def urls(self) -> list[str]:
         return _split(self.strings, self.lengths)[1::2]
 
-    def select(self, mask_or_index: np.ndarray) -> "Batch":
+    def select(self, mask_or_index: np.ndarray) -> Batch:
         """The rows picked by a boolean mask or an index array, in that order."""
-        idx = np.flatnonzero(mask_or_index) if np.asarray(mask_or_index).dtype == bool else np.asarray(
-            mask_or_index, dtype=np.int64)
+        idx = (
+            np.flatnonzero(mask_or_index)
+            if np.asarray(mask_or_index).dtype == bool
+            else np.asarray(mask_or_index, dtype=np.int64)
+        )
         per_row = self.rows["id_len"].astype(np.int64) + self.rows["url_len"]
         if len(idx) < 2 or (np.diff(idx) > 0).all():  # in order: one numpy mask over the bytes
             keep = np.zeros(len(self.rows), dtype=bool)
@@ -96,17 +110,36 @@ class Batch:
         else:  # reordered
             ends = np.cumsum(per_row)
             blob = memoryview(self.strings)
-            strings = b"".join(blob[e - n:e] for e, n in zip(ends[idx].tolist(), per_row[idx].tolist()))
+            strings = b"".join(blob[e - n : e] for e, n in zip(ends[idx].tolist(), per_row[idx].tolist()))
         return Batch(self.rows[idx], strings, self.kind)
 
     @classmethod
-    def build(cls, *, group, fps, fetched, id_hash, ids: Sequence[str], urls: Sequence[str], request=0,
-              distance=0, partition=0, kind: int = 0) -> "Batch":
+    def build(
+        cls,
+        *,
+        group,
+        fps,
+        fetched,
+        id_hash,
+        ids: Sequence[str],
+        urls: Sequence[str],
+        request=0,
+        distance=0,
+        partition=0,
+        kind: int = 0,
+    ) -> Batch:
         """Rows from columns (scalars broadcast) and strings."""
         n = len(ids)
         rows = np.zeros(n, dtype=ROW)
-        for name, value in (("group", group), ("fp", fps), ("fetched", fetched), ("id_hash", id_hash),
-                            ("request", request), ("distance", distance), ("partition", partition)):
+        for name, value in (
+            ("group", group),
+            ("fp", fps),
+            ("fetched", fetched),
+            ("id_hash", id_hash),
+            ("request", request),
+            ("distance", distance),
+            ("partition", partition),
+        ):
             rows[name] = value
         parts, id_len, url_len = [], np.empty(n, np.uint32), np.empty(n, np.uint32)
         for i, (a, b) in enumerate(zip(ids, urls)):
@@ -117,11 +150,10 @@ class Batch:
         return cls(rows, b"".join(parts), kind)
 
     @classmethod
-    def concat(cls, batches: Sequence["Batch"]) -> "Batch":
+    def concat(cls, batches: Sequence[Batch]) -> Batch:
         if not batches:
             return cls(np.zeros(0, dtype=ROW), b"")
-        return cls(np.concatenate([b.rows for b in batches]), b"".join(b.strings for b in batches),
-                   batches[0].kind)
+        return cls(np.concatenate([b.rows for b in batches]), b"".join(b.strings for b in batches), batches[0].kind)
 
 
 def encode(batch: Batch, kind: int) -> bytes:
@@ -145,7 +177,7 @@ def decode(values: Sequence[bytes], kind: int | None = None) -> Batch:
             raise ValueError(f"expected a batch of kind {kind}, got kind {k}")
         kind = k
         r = np.frombuffer(value, dtype=ROW, count=n, offset=_HEAD.size) if n else np.zeros(0, dtype=ROW)
-        body = value[_HEAD.size + n * ROW.itemsize:]
+        body = value[_HEAD.size + n * ROW.itemsize :]
         if len(body) != int(r["id_len"].sum(dtype=np.int64) + r["url_len"].sum(dtype=np.int64)):
             raise ValueError("a batch's string lengths do not add up")
         rows.append(r)

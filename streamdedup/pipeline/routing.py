@@ -8,7 +8,7 @@
 * A bad record goes to the dead-letter topic as it came (its own key, the input bytes and
   headers), and ``streamdedup-reason`` (a code) and ``streamdedup-error`` (a sentence).
 
->>> from streamdedup.pending import Waiting
+>>> from streamdedup.pipeline.pending import Waiting
 >>> w = Waiting(0, 7, b"k", b"{...}", page_id="a", url="http://a/", fingerprint=255)
 >>> [(o.topic, o.headers[0]) for o in outputs(w, Topics())]
 [('pages.unique', ('streamdedup-verdict', b'unique')), ('pages.verdicts', ('streamdedup-verdict', b'unique'))]
@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from .dedup import Verdict
-from .pending import Waiting
-from .simhash import to_hex
+from streamdedup.engine.dedup import Verdict
+from streamdedup.fingerprinting.simhash import to_hex
+from streamdedup.pipeline.pending import Waiting
 
 __all__ = ["HEADER_PREFIX", "Topics", "Output", "outputs", "verdict_record"]
 
@@ -48,8 +48,15 @@ def verdict_record(w: Waiting) -> dict:
     """The compact verdict of a judged page (the verdicts topic's value): the fields ``scan``
     writes, and where the page was read from."""
     best = w.best
-    v = Verdict(w.page_id, w.url, w.verdict, w.fingerprint, best[4] if best else None, best[5] if best else None,
-                best[0] if best else None)
+    v = Verdict(
+        w.page_id,
+        w.url,
+        w.verdict,
+        w.fingerprint,
+        best[4] if best else None,
+        best[5] if best else None,
+        best[0] if best else None,
+    )
     return {**v.to_dict(), "partition": w.partition, "offset": w.offset}
 
 
@@ -57,16 +64,27 @@ def outputs(w: Waiting, topics: Topics) -> list[Output]:
     """The records to send for one done record, in order."""
     kept = [(k, v) for k, v in w.headers if not k.startswith(HEADER_PREFIX)]  # never trust upstream verdicts
     if w.reason is not None:
-        return [Output(topics.dead_letter, w.key, w.value,
-                       kept + [("streamdedup-reason", w.reason.encode()),
-                               ("streamdedup-error", (w.error or "").encode("utf-8", "replace"))])]
+        return [
+            Output(
+                topics.dead_letter,
+                w.key,
+                w.value,
+                kept
+                + [
+                    ("streamdedup-reason", w.reason.encode()),
+                    ("streamdedup-error", (w.error or "").encode("utf-8", "replace")),
+                ],
+            )
+        ]
     key = w.page_id.encode("utf-8", "surrogatepass")
     ours = [("streamdedup-verdict", w.verdict.encode()), ("streamdedup-fingerprint", to_hex(w.fingerprint).encode())]
     if w.best is not None:
         distance, _, _, _, match_id, match_url = w.best
-        ours += [("streamdedup-match-id", match_id.encode("utf-8", "surrogatepass")),
-                 ("streamdedup-match-url", match_url.encode("utf-8", "surrogatepass")),
-                 ("streamdedup-distance", str(distance).encode())]
+        ours += [
+            ("streamdedup-match-id", match_id.encode("utf-8", "surrogatepass")),
+            ("streamdedup-match-url", match_url.encode("utf-8", "surrogatepass")),
+            ("streamdedup-distance", str(distance).encode()),
+        ]
     target = topics.unique if w.best is None else topics.near_duplicate
     record = json.dumps(verdict_record(w), ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
     return [Output(target, key, w.value, kept + ours), Output(topics.verdicts, key, record, ours)]

@@ -14,7 +14,7 @@ bit counts::
 
 Bit ``i`` of the fingerprint is 1 when more than half the feature weight has bit ``i`` set.
 
->>> from streamdedup.features import text_shingles
+>>> from streamdedup.fingerprinting.features import text_shingles
 >>> a = simhash(text_shingles("the quick brown fox jumps over the lazy dog"))
 >>> b = simhash(text_shingles("the quick brown fox jumped over the lazy dog"))
 >>> f"{a:016x}", hamming(a, b) < hamming(a, simhash(text_shingles("lorem ipsum dolor sit")))
@@ -30,9 +30,7 @@ import numpy as np
 __all__ = ["simhash", "simhash_many", "hamming", "hamming_many", "to_hex", "from_hex"]
 
 # BITS[v, i] = bit i of byte value v
-_BITS = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little").astype(
-    np.float64
-)
+_BITS = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little").astype(np.float64)
 _LANE = (np.arange(8, dtype=np.int64) * 256)[None, :]
 
 

@@ -38,9 +38,7 @@ __all__ = ["FEATURE_SEED", "words", "word_hashes", "shingle_hashes", "text_shing
 FEATURE_SEED = 0x5EED_D0C5
 
 # ASCII fast path: one C-level pass lower-cases letters and turns everything else into a space.
-_ASCII_TABLE = bytes(
-    (ord(chr(c).lower()) if chr(c).isalnum() else 0x20) if c < 128 else c for c in range(256)
-)
+_ASCII_TABLE = bytes((ord(chr(c).lower()) if chr(c).isalnum() else 0x20) if c < 128 else c for c in range(256))
 # Scripts without spaces between words: one token per character.
 _NOSPACE = "\u0e00-\u0e7f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f"
 _WORD_RE = re.compile(rf"[{_NOSPACE}]|[^\W_{_NOSPACE}]+")

@@ -20,6 +20,7 @@ elements so named (``<cookie-banner>``).  Attributes are inspected on block and 
 ``main``/``[role=main]`` (else ``article``) and their ancestors are never dropped by rules (3)-(4); with
 no such anchor, a (3)-(4) match holding over half the page text is kept.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -29,25 +30,18 @@ from functools import lru_cache
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode, SelectolaxError
 
-__all__ = ["PageError", "text_mime", "sniff_content_type", "decode_body", "visible_text", "normalize_text"]
+from streamdedup.errors import RecordError
 
-
-class PageError(ValueError):
-    """Bad page content; ``.reason`` is one of ``empty``, ``binary``, ``not_text``, ``unparsable``."""
-
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason, self.message = reason, message
-
-    def __reduce__(self):
-        return (type(self), (self.reason, self.message))
+__all__ = ["RecordError", "text_mime", "sniff_content_type", "decode_body", "visible_text", "normalize_text"]
 
 
 _EMPTY = "page has no content"
 _SPACES = re.compile("  +")
 _ASCII_PRINTABLE = bytes(range(0x20, 0x7F))
-_JUNK = re.compile("[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f\u00ad\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064"
-                   "\u2066-\u2069\ud800-\udfff\ue000-\uf8ff\ufeff]+")
+_JUNK = re.compile(
+    "[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f\u00ad\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064"
+    "\u2066-\u2069\ud800-\udfff\ue000-\uf8ff\ufeff]+"
+)
 
 
 def normalize_text(text: str) -> str:
@@ -70,8 +64,13 @@ def normalize_text(text: str) -> str:
         return text.strip()  # (U+0300.. are Latin combining marks that may compose with an ASCII letter)
     fixes = {c: unicodedata.normalize("NFKC", c) for c in set(rare)} if len(rare) < 2000 else {}
     fixes = {c: n for c, n in fixes.items() if c != n}
-    if fixes and not any(unicodedata.category(c)[0] == "M" or "\u1100" <= c <= "\u11ff" or "\ua960" <= c <= "\ua97f"
-                         or "\ud7b0" <= c <= "\ud7ff" for c in set(rare).union(*fixes.values())):
+    if fixes and not any(
+        unicodedata.category(c)[0] == "M"
+        or "\u1100" <= c <= "\u11ff"
+        or "\ua960" <= c <= "\ua97f"
+        or "\ud7b0" <= c <= "\ud7ff"
+        for c in set(rare).union(*fixes.values())
+    ):
         for c, n in fixes.items():  # no combining marks or conjoining jamo: NFKC is context-free here
             text = text.replace(c, n)
     else:
@@ -83,25 +82,74 @@ def normalize_text(text: str) -> str:
 _HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 _SNIFF_TYPES = frozenset({"", "unknown/unknown", "application/unknown", "*/*"})
 _CT_CHARSET = re.compile(r"charset\s*=\s*[\"']?([^\"';\s]+)", re.I)
-_SNIFF = re.compile(r"<(?:!doctype\s+html|html|head|body|title|meta|link|base|script|style|div|p|br|hr|table|tr|td|"
-                    r"h[1-6]|a|span|ul|ol|li|b|i|u|em|strong|font|iframe|frameset|center|img|form|pre|section|article|"
-                    r"nav|main)(?=[\s/>])|<!--", re.I)
-_MAGIC = (b"\x89PNG", b"%PDF-", b"PK\x03\x04", b"PK\x05\x06", b"\x1f\x8b", b"GIF87a", b"GIF89a", b"\xff\xd8\xff",
-          b"RIFF", b"OggS", b"ID3", b"fLaC", b"wOFF", b"wOF2", b"\x7fELF", b"\xfd7zXZ\x00", b"7z\xbc\xaf\x27\x1c",
-          b"Rar!\x1a\x07", b"\x28\xb5\x2f\xfd", b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", b"\xca\xfe\xba\xbe",
-          b"\x00asm", b"II*\x00", b"MM\x00*", b"\x1a\x45\xdf\xa3", b"\x00\x00\x01\x00")
+_SNIFF = re.compile(
+    r"<(?:!doctype\s+html|html|head|body|title|meta|link|base|script|style|div|p|br|hr|table|tr|td|"
+    r"h[1-6]|a|span|ul|ol|li|b|i|u|em|strong|font|iframe|frameset|center|img|form|pre|section|article|"
+    r"nav|main)(?=[\s/>])|<!--",
+    re.I,
+)
+_MAGIC = (
+    b"\x89PNG",
+    b"%PDF-",
+    b"PK\x03\x04",
+    b"PK\x05\x06",
+    b"\x1f\x8b",
+    b"GIF87a",
+    b"GIF89a",
+    b"\xff\xd8\xff",
+    b"RIFF",
+    b"OggS",
+    b"ID3",
+    b"fLaC",
+    b"wOFF",
+    b"wOF2",
+    b"\x7fELF",
+    b"\xfd7zXZ\x00",
+    b"7z\xbc\xaf\x27\x1c",
+    b"Rar!\x1a\x07",
+    b"\x28\xb5\x2f\xfd",
+    b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1",
+    b"\xca\xfe\xba\xbe",
+    b"\x00asm",
+    b"II*\x00",
+    b"MM\x00*",
+    b"\x1a\x45\xdf\xa3",
+    b"\x00\x00\x01\x00",
+)
 _CTRL = bytes(range(0, 9)) + b"\x0b" + bytes(range(0x0E, 0x1B)) + bytes(range(0x1C, 0x20)) + b"\x7f"
 _CTRL_RE = re.compile("[\x00-\x08\x0b\x0e-\x1a\x1c-\x1f\x7f]")
 _BOMS = ((b"\xef\xbb\xbf", "utf-8"), (b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be"))
-_META = re.compile(rb"<meta[^>]*?charset\s*=\s*[\"']?\s*([a-z0-9_.:\-]+)"
-                   rb"|^\s*<\?xml[^>]*?encoding\s*=\s*[\"']([a-z0-9_.:\-]+)", re.I)
+_META = re.compile(
+    rb"<meta[^>]*?charset\s*=\s*[\"']?\s*([a-z0-9_.:\-]+)"
+    rb"|^\s*<\?xml[^>]*?encoding\s*=\s*[\"']([a-z0-9_.:\-]+)",
+    re.I,
+)
 # WHATWG label -> Python codec where Python lacks the alias or is stricter than browsers.
-_LABELS = {"iso-8859-1": "cp1252", "iso8859-1": "cp1252", "latin1": "cp1252", "latin-1": "cp1252",
-           "ascii": "cp1252", "us-ascii": "cp1252", "iso-8859-9": "cp1254", "gb2312": "gb18030", "gbk": "gb18030",
-           "x-gbk": "gb18030", "euc-kr": "cp949", "shift_jis": "cp932", "sjis": "cp932", "x-sjis": "cp932",
-           "ms_kanji": "cp932", "windows-31j": "cp932", "big5": "big5hkscs", "tis-620": "cp874",
-           "iso-8859-11": "cp874", "iso-8859-8-i": "iso8859-8", "unicode": "utf-16-le",
-           "unicode-1-1-utf-8": "utf-8", "x-mac-roman": "mac-roman"}
+_LABELS = {
+    "iso-8859-1": "cp1252",
+    "iso8859-1": "cp1252",
+    "latin1": "cp1252",
+    "latin-1": "cp1252",
+    "ascii": "cp1252",
+    "us-ascii": "cp1252",
+    "iso-8859-9": "cp1254",
+    "gb2312": "gb18030",
+    "gbk": "gb18030",
+    "x-gbk": "gb18030",
+    "euc-kr": "cp949",
+    "shift_jis": "cp932",
+    "sjis": "cp932",
+    "x-sjis": "cp932",
+    "ms_kanji": "cp932",
+    "windows-31j": "cp932",
+    "big5": "big5hkscs",
+    "tis-620": "cp874",
+    "iso-8859-11": "cp874",
+    "iso-8859-8-i": "iso8859-8",
+    "unicode": "utf-16-le",
+    "unicode-1-1-utf-8": "utf-8",
+    "x-mac-roman": "mac-roman",
+}
 _BAD_CODECS = frozenset("utf-7 unicode-escape raw-unicode-escape idna punycode undefined charmap".split())
 _UTF16 = frozenset({"utf-16-le", "utf-16-be"})
 
@@ -114,7 +162,7 @@ def _split_ct(content_type: str | None) -> tuple[str, str | None]:
 
 def text_mime(content_type: str | None) -> str:
     """The MIME type of a content type the extractor takes: HTML, plain text, or unknown ("",
-    to sniff); anything else is ``PageError('not_text')``.
+    to sniff); anything else is ``RecordError('not_text')``.
 
     >>> text_mime("text/HTML; charset=utf-8"), text_mime(None)
     ('text/html', '')
@@ -123,7 +171,7 @@ def text_mime(content_type: str | None) -> str:
     if mime in _SNIFF_TYPES:
         return ""
     if mime not in _HTML_TYPES and mime != "text/plain":
-        raise PageError("not_text", f"content type {mime!r} is neither HTML nor plain text")
+        raise RecordError("not_text", f"content type {mime!r} is neither HTML nor plain text")
     return mime
 
 
@@ -158,21 +206,21 @@ def _check_text(text: str) -> str:
     sample = text[:4096]
     n = len(_CTRL_RE.findall(sample))
     if n > 2 and n * 20 > len(sample):
-        raise PageError("binary", f"{n} control characters in the first {len(sample)} characters")
+        raise RecordError("binary", f"{n} control characters in the first {len(sample)} characters")
     if not text or text.isspace():
-        raise PageError("empty", _EMPTY)
+        raise RecordError("empty", _EMPTY)
     return text
 
 
 def _decode(raw: bytes, charset: str | None, content_type: str | None) -> tuple[str | None, bytes | None]:
     """-> (text, None), or (None, raw) when raw is plain UTF-8 (lexbor parses it as is)."""
     if not raw or raw.isspace():
-        raise PageError("empty", _EMPTY)
+        raise RecordError("empty", _EMPTY)
     if raw.startswith(_MAGIC) or raw[4:8] == b"ftyp":
-        raise PageError("binary", f"binary file signature {raw[:8]!r}")
+        raise RecordError("binary", f"binary file signature {raw[:8]!r}")
     for bom, enc in _BOMS:
         if raw.startswith(bom):
-            return _check_text(raw[len(bom):].decode(enc, "replace")), None
+            return _check_text(raw[len(bom) :].decode(enc, "replace")), None
     mime, ct_charset = _split_ct(content_type)
     declared, sample = _codec(charset) or _codec(ct_charset), raw[:1024]
     if b"\x00" in sample:
@@ -183,7 +231,7 @@ def _decode(raw: bytes, charset: str | None, content_type: str | None) -> tuple[
             return _check_text(raw.decode("utf-16-le" if odd > even else "utf-16-be", "replace")), None
     ctrl = len(sample) - len(sample.translate(None, _CTRL))
     if ctrl > 2 and ctrl * 20 > len(sample):
-        raise PageError("binary", f"{ctrl} control bytes in the first {len(sample)} bytes")
+        raise RecordError("binary", f"{ctrl} control bytes in the first {len(sample)} bytes")
     try:  # valid UTF-8 wins over a declared legacy charset (mislabelled servers are common)
         if not raw.isascii():
             raw.decode("utf-8")  # (validation only: CPython's decoder beats any byte scan)
@@ -218,48 +266,65 @@ def decode_body(raw: bytes, charset: str | None = None, content_type: str | None
     """Decode a body: BOM, valid UTF-8, HTTP ``charset`` (else ``content_type``'s), ``<meta>``, guess.
 
     Strictly valid UTF-8 wins over a declared legacy charset; unknown or unsafe charset names are ignored;
-    undeclared invalid UTF-8 stays UTF-8 or is re-read as cp1252, whichever loses less.  Raises ``PageError``
+    undeclared invalid UTF-8 stays UTF-8 or is re-read as cp1252, whichever loses less.  Raises ``RecordError``
     ``empty`` / ``binary``.
 
     >>> decode_body("<p>café</p>".encode("cp1252"), charset="utf-8")
     '<p>café</p>'
     >>> decode_body(b"\\x89PNG\\r\\n\\x1a\\n...")
     Traceback (most recent call last):
-    streamdedup.text.PageError: binary file signature b'\\x89PNG\\r\\n\\x1a\\n'
+    streamdedup.errors.RecordError: binary: binary file signature b'\\x89PNG\\r\\n\\x1a\\n'
     """
     text, utf8 = _decode(bytes(raw), charset, content_type)
     return text if utf8 is None else utf8.decode("utf-8", "replace")
 
 
 # ---------------------------------------------------------------- HTML
-_ALWAYS_DROP = ("head title script style noscript template svg math iframe frame frameset noframes object embed "
-                "applet audio video canvas map button select textarea input datalist dialog rp").split()
+_ALWAYS_DROP = (
+    "head title script style noscript template svg math iframe frame frameset noframes object embed "
+    "applet audio video canvas map button select textarea input datalist dialog rp"
+).split()
 _SEMANTIC_DROP = ("nav", "aside", "footer", "header", "form")
-_BLOCKS = ("address article aside blockquote br caption center dd details dir div dl dt fieldset figcaption figure "
-           "footer form h1 h2 h3 h4 h5 h6 header hgroup hr legend li listing main menu nav ol p pre section summary "
-           "table tbody td tfoot th thead tr ul xmp plaintext search").split()
+_BLOCKS = (
+    "address article aside blockquote br caption center dd details dir div dl dt fieldset figcaption figure "
+    "footer form h1 h2 h3 h4 h5 h6 header hgroup hr legend li listing main menu nav ol p pre section summary "
+    "table tbody td tfoot th thead tr ul xmp plaintext search"
+).split()
 _INLINE_INSPECTED = ("span", "ins", "small", "label")
 _WRAPPERS = ("div", "section", "table", "tbody", "tr", "td", "center", "span", "ul")
 _ROLES = frozenset("navigation banner contentinfo complementary search menu menubar dialog alertdialog".split())
-_BOILER_PARTS = frozenset("""nav navbar navigation navlinks navmenu topnav subnav sidenav menu menubar submenu megamenu
+_BOILER_PARTS = frozenset(
+    """nav navbar navigation navlinks navmenu topnav subnav sidenav menu menubar submenu megamenu
     sidebar sidebars breadcrumb breadcrumbs crumbs footer masthead cookie cookies cookiebanner cookieconsent consent
     gdpr ad ads adsbygoogle adslot adunit adsense adbox adzone advert adverts advertisement advertisements advertising
     sponsor sponsors sponsored share shares sharing sharebar sharethis addthis addtoany social socials pagination
-    pager noprint newsletter""".split())
-_BOILER_WHOLE = frozenset("""sr-only screen-reader-text visually-hidden visuallyhidden no-print hidden-print
-    d-print-none skip-link skip-links skiplinks skip-to-content comment-count comments-count""".split())
-_HEADER_TOKEN = re.compile(r"(?:(?:site|page|global|top|main)[-_])?header"
-                           r"(?:[-_](?:wrap|wrapper|container|inner|bar|top|nav|navigation|menu|area|links))?")
+    pager noprint newsletter""".split()
+)
+_BOILER_WHOLE = frozenset(
+    """sr-only screen-reader-text visually-hidden visuallyhidden no-print hidden-print
+    d-print-none skip-link skip-links skiplinks skip-to-content comment-count comments-count""".split()
+)
+_HEADER_TOKEN = re.compile(
+    r"(?:(?:site|page|global|top|main)[-_])?header"
+    r"(?:[-_](?:wrap|wrapper|container|inner|bar|top|nav|navigation|menu|area|links))?"
+)
 _STATE = frozenset("has with without no is show hide".split())  # state flags: body.has-sidebar
 _STATE_LAST = frozenset("open opened active visible collapsed expanded closed fixed enabled disabled".split())
 _SAFE_TOKEN, _SPLIT = re.compile(r"[a-z0-9_-]{1,80}"), re.compile(r"[-_]+")
 _HIDDEN_STYLE = re.compile(r"display\s*:\s*none|visibility\s*:\s*hidden", re.I)
 # lexbor's tree builder is O(depth) per nested block start tag: flatten absurd nesting ("div soup") first.
-_NESTING = ("address article aside blockquote center details dialog dir div dl fieldset figcaption figure footer "
-            "header hgroup main menu nav ol search section summary ul").split()
+_NESTING = (
+    "address article aside blockquote center details dialog dir div dl fieldset figcaption figure footer "
+    "header hgroup main menu nav ol search section summary ul"
+).split()
 _NESTING_RE = re.compile(rb"</?(?:%s)(?=[\s/>])[^>]*>" % "|".join(_NESTING).encode(), re.I)
-_NESTING_KEYS = sorted({(ord(t[0]) << 16) | (ord(t[1]) << 8) | (ord(t[2]) if len(t) > 2 else d | 32)
-                        for t in _NESTING for d in (b" >/\t\n\r\f" if len(t) == 2 else b" ")})
+_NESTING_KEYS = sorted(
+    {
+        (ord(t[0]) << 16) | (ord(t[1]) << 8) | (ord(t[2]) if len(t) > 2 else d | 32)
+        for t in _NESTING
+        for d in (b" >/\t\n\r\f" if len(t) == 2 else b" ")
+    }
+)
 
 
 @lru_cache(maxsize=16384)
@@ -298,18 +363,27 @@ def _attr_verdict(attrs: dict) -> int:
     if (c and _class_is_boiler(c)) or (i and _boiler_key(i)):
         return 1
     if len(attrs) > (c is not None) + (i is not None):  # anything besides class/id?
-        if ("hidden" in attrs and (attrs["hidden"] or "").lower() != "until-found") \
-                or (attrs.get("aria-hidden") or "").strip().lower() == "true" \
-                or ("style" in attrs and _HIDDEN_STYLE.search(attrs["style"] or "")):
+        if (
+            ("hidden" in attrs and (attrs["hidden"] or "").lower() != "until-found")
+            or (attrs.get("aria-hidden") or "").strip().lower() == "true"
+            or ("style" in attrs and _HIDDEN_STYLE.search(attrs["style"] or ""))
+        ):
             return 1
     return 0
 
 
-_TAG = {t: LexborHTMLParser("").create_node(t).tag_id
-        for t in {"html", "body", *_ALWAYS_DROP, *_BLOCKS, *_INLINE_INSPECTED}}
+_TAG = {
+    t: LexborHTMLParser("").create_node(t).tag_id for t in {"html", "body", *_ALWAYS_DROP, *_BLOCKS, *_INLINE_INSPECTED}
+}
 # kind: 1 block, 2 always dropped, 3 semantic drop, 4 article/main, 5 inline but attributes inspected
-_KIND = {**{_TAG[t]: 1 for t in _BLOCKS}, **{_TAG[t]: 2 for t in _ALWAYS_DROP}, **{_TAG[t]: 3 for t in _SEMANTIC_DROP},
-         _TAG["main"]: 4, _TAG["article"]: 4, **{_TAG[t]: 5 for t in _INLINE_INSPECTED}}
+_KIND = {
+    **{_TAG[t]: 1 for t in _BLOCKS},
+    **{_TAG[t]: 2 for t in _ALWAYS_DROP},
+    **{_TAG[t]: 3 for t in _SEMANTIC_DROP},
+    _TAG["main"]: 4,
+    _TAG["article"]: 4,
+    **{_TAG[t]: 5 for t in _INLINE_INSPECTED},
+}
 _WRAPPER_IDS = frozenset(_TAG[t] for t in _WRAPPERS)
 _STOP = (_TAG["html"], _TAG["body"], _TAG["main"], _TAG["article"])
 try:  # bypass Cython's fused-type dispatch, which is half the cost of an insert
@@ -343,7 +417,7 @@ def _html_text(data: bytes) -> str:
     try:
         tree = LexborHTMLParser(_flatten_deep(data), scripting=True)
     except SelectolaxError as e:  # pragma: no cover - lexbor only fails on allocation
-        raise PageError("unparsable", f"HTML parser failed: {e}") from None
+        raise RecordError("unparsable", f"HTML parser failed: {e}") from None
     root = tree.root
     if root is None:  # pragma: no cover
         return ""
@@ -403,8 +477,12 @@ def _html_text(data: bytes) -> str:
             continue  # an article's header holds its title
         n.decompose(recursive=False)
     for f in forms:  # search/login/comment forms go; a form wrapping the page (ASP.NET) stays
-        if f.mem_id not in protected and _ancestor(f, _STOP[:1]) is not None and len(f.text()) < 1000 \
-                and f.css_first("h1,h2,main,article") is None:  # (no html ancestor: inside a dropped element)
+        if (
+            f.mem_id not in protected
+            and _ancestor(f, _STOP[:1]) is not None
+            and len(f.text()) < 1000
+            and f.css_first("h1,h2,main,article") is None
+        ):  # (no html ancestor: inside a dropped element)
             f.decompose(recursive=False)
     return normalize_text(root.text())
 
@@ -413,17 +491,17 @@ def visible_text(content: str | bytes, content_type: str | None = None, charset:
     """Visible main text of a page, normalised (see the module docstring).
 
     ``content_type`` None/empty/unknown is sniffed; ``text/html`` and ``application/xhtml+xml`` are extracted,
-    ``text/plain`` only normalised, anything else is ``PageError('not_text')``.  Bytes are decoded as by
+    ``text/plain`` only normalised, anything else is ``RecordError('not_text')``.  Bytes are decoded as by
     :func:`decode_body` (``charset``: the HTTP header's).
 
     >>> visible_text(b"<p>a</p><p>b<b>c</b>d &amp; e</p><nav>menu</nav><script>x()</script>")
     'a bcd & e'
     >>> visible_text("  ", "text/plain")
     Traceback (most recent call last):
-    streamdedup.text.PageError: page has no content
+    streamdedup.errors.RecordError: empty: page has no content
     """
     if content is None:
-        raise PageError("empty", _EMPTY)
+        raise RecordError("empty", _EMPTY)
     mime = text_mime(content_type) or sniff_content_type(content)
     if isinstance(content, str):
         text, data = _check_text(content), None

@@ -11,7 +11,7 @@ value of that group's bits, meets every near neighbour in some shard::
     shard (partition p): for each group, the group's tables only   probe, then insert
     answers (one per group) --> best of them --> the page's verdict
 
-A shard keeps one :class:`~streamdedup.index.HammingIndex` per group, over the group's tables,
+A shard keeps one :class:`~streamdedup.index.hamming.HammingIndex` per group, over the group's tables,
 plus what an answer must tell about a stored page: its fingerprint, its order key, a hash of
 its id, and its id and URL (in a byte heap, not one Python object per page).
 
@@ -38,12 +38,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .arrays import GrowingArray
-from .features import mix64
-from .index import HammingIndex
-from .simhash import hamming_many
-from .tables import TableDesign
-from .wire import Batch
+from streamdedup.fingerprinting.features import mix64
+from streamdedup.fingerprinting.simhash import hamming_many
+from streamdedup.index.arrays import GrowingArray
+from streamdedup.index.hamming import HammingIndex
+from streamdedup.index.tables import TableDesign
+from streamdedup.pipeline.wire import Batch
 
 __all__ = ["ShardPlan", "Shard", "Answers", "StringHeap"]
 
@@ -166,29 +166,47 @@ class Shard:
     def nbytes(self) -> int:
         return sum(g.nbytes for g in self._groups.values())
 
-    def probe_and_insert(self, group: np.ndarray, fps: np.ndarray, fetched: np.ndarray, id_hash: np.ndarray,
-                         ids: list[str], urls: list[str], store: bool = True) -> Answers:
+    def probe_and_insert(
+        self,
+        group: np.ndarray,
+        fps: np.ndarray,
+        fetched: np.ndarray,
+        id_hash: np.ndarray,
+        ids: list[str],
+        urls: list[str],
+        store: bool = True,
+    ) -> Answers:
         """Answer a batch of probes in order, then store the pages (see the module's rules).
 
         ``store=False``: only answer, against the stored pages (a synchronous check)."""
         n = len(fps)
-        out = Answers(np.full(n, -1, np.int64), np.zeros(n, np.uint64), np.zeros(n, np.int64),
-                      np.zeros(n, np.uint64), [None] * n, [None] * n, np.zeros(n, dtype=bool))
+        out = Answers(
+            np.full(n, -1, np.int64),
+            np.zeros(n, np.uint64),
+            np.zeros(n, np.int64),
+            np.zeros(n, np.uint64),
+            [None] * n,
+            [None] * n,
+            np.zeros(n, dtype=bool),
+        )
         group, insert = np.asarray(group, dtype=np.int64), store
         for g in np.unique(group).tolist():
             sel = np.flatnonzero(group == g)
             store = self._groups.get(g)
             if store is None:
                 store = self._groups[g] = _GroupStore(self.plan.group_design(g))
-            store.probe_and_insert(sel, fps[sel], fetched[sel], id_hash[sel], [ids[i] for i in sel],
-                                   [urls[i] for i in sel], out, insert)
+            store.probe_and_insert(
+                sel, fps[sel], fetched[sel], id_hash[sel], [ids[i] for i in sel], [urls[i] for i in sel], out, insert
+            )
         return out
 
-    def save(self, path: "os.PathLike[str] | str", meta: dict | None = None) -> None:
+    def save(self, path: os.PathLike[str] | str, meta: dict | None = None) -> None:
         """Write the shard to ``path`` (an uncompressed .npz, replaced atomically), with
         ``meta`` (JSON-able: e.g. the changelog offset the snapshot covers)."""
-        arrays: dict[str, np.ndarray] = {"meta": np.array(json.dumps(meta or {})),
-                                         "plan": np.array([self.plan.partitions, *self.plan.design.levels])}
+        arrays: dict[str, np.ndarray] = {
+            "meta": np.array(json.dumps(meta or {})),
+            "plan": np.array([self.plan.partitions, *self.plan.design.levels]),
+        }
         for g, store in self._groups.items():
             for name, value in store.state().items():
                 arrays[f"g{g}.{name}"] = value
@@ -199,7 +217,7 @@ class Shard:
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, path: "os.PathLike[str] | str", plan: ShardPlan) -> tuple["Shard", dict]:
+    def load(cls, path: os.PathLike[str] | str, plan: ShardPlan) -> tuple[Shard, dict]:
         """Read a shard written by :meth:`save`; returns it and its ``meta``.
 
         Raises ValueError if the file was written for another shard plan or is damaged.
@@ -283,19 +301,28 @@ class _GroupStore:
             # an id equal to its url (the default) is stored as "" (ids are never empty)
             self.texts.extend([x for i in new.tolist() for x in ("" if ids[i] == urls[i] else ids[i], urls[i])])
 
-
     def state(self) -> dict[str, np.ndarray]:
         out = {f"index.{k}": v for k, v in self.index.state().items()}
-        out.update({"fps": self.fps.view(), "fetched": self.fetched.view(), "id_hash": self.id_hash.view(),
-                    "texts": np.frombuffer(bytes(self.texts._data), dtype=np.uint8),
-                    "text_ends": self.texts._ends[: len(self.texts)]})
+        out.update(
+            {
+                "fps": self.fps.view(),
+                "fetched": self.fetched.view(),
+                "id_hash": self.id_hash.view(),
+                "texts": np.frombuffer(bytes(self.texts._data), dtype=np.uint8),
+                "text_ends": self.texts._ends[: len(self.texts)],
+            }
+        )
         return out
 
     @classmethod
-    def from_state(cls, state: dict[str, np.ndarray]) -> "_GroupStore":
+    def from_state(cls, state: dict[str, np.ndarray]) -> _GroupStore:
         store = cls.__new__(cls)
         store.index = HammingIndex.from_state({k[6:]: v for k, v in state.items() if k.startswith("index.")})
-        store.fps, store.fetched, store.id_hash = GrowingArray(np.uint64), GrowingArray(np.int64), GrowingArray(np.uint64)
+        store.fps, store.fetched, store.id_hash = (
+            GrowingArray(np.uint64),
+            GrowingArray(np.int64),
+            GrowingArray(np.uint64),
+        )
         store.fps.extend(state["fps"])
         store.fetched.extend(state["fetched"])
         store.id_hash.extend(state["id_hash"])

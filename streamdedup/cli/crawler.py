@@ -1,7 +1,7 @@
 """``streamdedup produce`` and ``streamdedup verdicts``: the crawler's side of the stream worker.
 
 Both take every setting (``--brokers``, the topic names, the security options, ``STREAMDEDUP_*``);
-they are registered on the ``main`` group by the import at the end of cli.py.
+they are registered on the ``main`` group by ``streamdedup.cli``.
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ from typing import BinaryIO
 import click
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError, RecordListTooLargeError
 
-from .cli import main
-from .cli_options import settings_from_click, settings_options
-from .client import ClientError, OutputConsumer, OutputRecord, PageProducer, VerdictConsumer, VerdictRecord
-from .records import BadRecord, Page, read_pages, read_warc, sniff_format
-from .settings import Settings
+from streamdedup.cli.options import settings_from_click, settings_options
+from streamdedup.crawler.client import OutputConsumer, OutputRecord, PageProducer, VerdictConsumer, VerdictRecord
+from streamdedup.engine.records import Page, read_pages, read_warc, sniff_format
+from streamdedup.errors import ClientError, RecordError
+from streamdedup.settings import Settings
+
 
 @contextmanager
 def _kafka_logging(settings: Settings) -> Iterator[None]:
@@ -69,11 +70,21 @@ class ProduceReport:
         return line
 
 
-@main.command()
-@click.argument("files", metavar="FILE...", nargs=-1, required=True,
-                type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=Path))
-@click.option("--input-format", type=click.Choice(["auto", "jsonl", "warc"]), default="auto", show_default=True,
-              help="auto: by the file name, then the first bytes (stdin: JSON lines).")
+@click.command()
+@click.argument(
+    "files",
+    metavar="FILE...",
+    nargs=-1,
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=Path),
+)
+@click.option(
+    "--input-format",
+    type=click.Choice(["auto", "jsonl", "warc"]),
+    default="auto",
+    show_default=True,
+    help="auto: by the file name, then the first bytes (stdin: JSON lines).",
+)
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
 @settings_options
 def produce(files: tuple[Path, ...], input_format: str, progress: bool | None, **params: object) -> None:
@@ -95,8 +106,10 @@ def produce(files: tuple[Path, ...], input_format: str, progress: bool | None, *
         if report.connected:
             click.echo(report.summary(settings.pages_topic), err=True)
     if report.failed:
-        raise click.ClickException(f"{report.failed} pages were not delivered ({report.first_failure}); check "
-                                   "the broker and the topic's limits, then send them again")
+        raise click.ClickException(
+            f"{report.failed} pages were not delivered ({report.first_failure}); check "
+            "the broker and the topic's limits, then send them again"
+        )
 
 
 async def _produce(settings: Settings, files: tuple[Path, ...], fmt: str, show: bool, report: ProduceReport) -> None:
@@ -109,8 +122,9 @@ async def _produce(settings: Settings, files: tuple[Path, ...], fmt: str, show: 
         report.pages, report.bytes, report.seconds = producer.pages_sent, producer.bytes_sent, time.monotonic() - t0
 
 
-async def _send_files(producer: PageProducer, files: tuple[Path, ...], fmt: str, show: bool,
-                      report: ProduceReport) -> None:
+async def _send_files(
+    producer: PageProducer, files: tuple[Path, ...], fmt: str, show: bool, report: ProduceReport
+) -> None:
     from tqdm import tqdm
 
     with tqdm(disable=not show, unit=" pages", file=sys.stderr, dynamic_ncols=True, smoothing=0.1) as bar:
@@ -124,10 +138,10 @@ async def _send_files(producer: PageProducer, files: tuple[Path, ...], fmt: str,
                 for count, (number, item) in enumerate(_read(path, file_fmt, producer.max_bytes), 1):
                     where = f"{name}: {unit} {number}"
                     try:
-                        if isinstance(item, BadRecord):
+                        if isinstance(item, RecordError):
                             raise item  # (a record the reader refused: reported like one the producer refuses)
                         delivery = await producer.send(item)
-                    except BadRecord as e:
+                    except RecordError as e:
                         _skip(report, bar, where, e.reason, str(e))
                     else:
                         delivery.add_done_callback(lambda f, w=where: _delivered(report, bar, w, f))
@@ -135,15 +149,19 @@ async def _send_files(producer: PageProducer, files: tuple[Path, ...], fmt: str,
                     if count % 64 == 0:
                         await asyncio.sleep(0)  # let the sender task run while batches fill
             except (OSError, EOFError) as e:
-                raise click.ClickException(f"{name}: cannot be read after {unit} {number} ({e}); "
-                                           "check the file (a truncated gzip?) and its --input-format") from None
+                raise click.ClickException(
+                    f"{name}: cannot be read after {unit} {number} ({e}); "
+                    "check the file (a truncated gzip?) and its --input-format"
+                ) from None
             except KafkaError as e:
-                raise ClientError(f"Kafka failed while sending {name} at {unit} {number} ({e!r}); check the "
-                                  "broker, then send the rest again") from None
+                raise ClientError(
+                    f"Kafka failed while sending {name} at {unit} {number} ({e!r}); check the "
+                    "broker, then send the rest again"
+                ) from None
         await producer.flush()
 
 
-def _read(path: Path, fmt: str, max_bytes: int) -> Iterator[tuple[int, Page | BadRecord | bytes]]:
+def _read(path: Path, fmt: str, max_bytes: int) -> Iterator[tuple[int, Page | RecordError | bytes]]:
     """Numbered records: a WARC's responses as pages (or errors); JSON lines as they are, so that
     fields beyond the contract's reach the worker's outputs (``encode_page`` checks them)."""
     if fmt == "warc":
@@ -153,7 +171,7 @@ def _read(path: Path, fmt: str, max_bytes: int) -> Iterator[tuple[int, Page | Ba
     else:
         with path.open("rb") as f:
             zipped = f.read(2) == b"\x1f\x8b"
-        with (gzip.open(path, "rb") if zipped else path.open("rb")) as f:
+        with gzip.open(path, "rb") if zipped else path.open("rb") as f:
             yield from _lines(f)
 
 
@@ -171,8 +189,14 @@ def _skip(report: ProduceReport, bar, where: str, reason: str, message: str) -> 
 def _delivered(report: ProduceReport, bar, where: str, delivery: asyncio.Future) -> None:
     error = delivery.exception() if not delivery.cancelled() else asyncio.CancelledError()
     if isinstance(error, (MessageSizeTooLargeError, RecordListTooLargeError)):
-        _skip(report, bar, where, "too_large", "too_large: the broker refused the record as too large; raise the "
-              "topic's max.message.bytes or lower --max-page-bytes")
+        _skip(
+            report,
+            bar,
+            where,
+            "too_large",
+            "too_large: the broker refused the record as too large; raise the "
+            "topic's max.message.bytes or lower --max-page-bytes",
+        )
     elif error is not None:
         report.failed += 1
         report.first_failure = report.first_failure or f"{where}: {error!r}"
@@ -180,23 +204,45 @@ def _delivered(report: ProduceReport, bar, where: str, delivery: asyncio.Future)
 
 # ---------------------------------------------------------------------------- verdicts
 
-TOPICS = {"verdicts": "verdicts_topic", "unique": "unique_topic", "near-duplicate": "near_duplicate_topic",
-          "dead-letter": "dead_letter_topic"}
+TOPICS = {
+    "verdicts": "verdicts_topic",
+    "unique": "unique_topic",
+    "near-duplicate": "near_duplicate_topic",
+    "dead-letter": "dead_letter_topic",
+}
 
 
-@main.command()
-@click.option("--topic", "which", type=click.Choice(list(TOPICS)), default="verdicts", show_default=True,
-              help="Which output to read; its name comes from the matching --*-topic setting.")
-@click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human", show_default=True,
-              help="human: one line per page; json: one JSON object per line (for the output topics with "
-                   "every header, without the page itself).")
+@click.command()
+@click.option(
+    "--topic",
+    "which",
+    type=click.Choice(list(TOPICS)),
+    default="verdicts",
+    show_default=True,
+    help="Which output to read; its name comes from the matching --*-topic setting.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["human", "json"]),
+    default="human",
+    show_default=True,
+    help="human: one line per page; json: one JSON object per line (for the output topics with "
+    "every header, without the page itself).",
+)
 @click.option("--from-beginning", is_flag=True, help="Start at the oldest record kept (default: new ones only).")
 @click.option("--max", "max_records", type=click.IntRange(min=1), default=None, help="Stop after N records.")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
-              help="Stop after SECONDS without a new record.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="Stop after SECONDS without a new record.",
+)
 @settings_options
-def verdicts(which: str, fmt: str, from_beginning: bool, max_records: int | None, timeout: float | None,
-             **params: object) -> None:
+def verdicts(
+    which: str, fmt: str, from_beginning: bool, max_records: int | None, timeout: float | None, **params: object
+) -> None:
     """Print the worker's verdicts as they come (or, with --topic, the pages it routed, and the dead letters).
 
     Human output: one line per page, e.g. ``near_duplicate  d=2  http://a/x  ~ http://a/y``.
@@ -212,10 +258,20 @@ def verdicts(which: str, fmt: str, from_beginning: bool, max_records: int | None
         click.echo(f"stopped after {timeout:g} s without a new record ({n} shown)", err=True)
 
 
-async def _tail(settings: Settings, topic: str, is_verdicts: bool, fmt: str, from_beginning: bool,
-                max_records: int | None, timeout: float | None) -> int:
-    reader = (VerdictConsumer(settings, topic=topic, from_beginning=from_beginning) if is_verdicts
-              else OutputConsumer(settings, [topic], from_beginning=from_beginning))
+async def _tail(
+    settings: Settings,
+    topic: str,
+    is_verdicts: bool,
+    fmt: str,
+    from_beginning: bool,
+    max_records: int | None,
+    timeout: float | None,
+) -> int:
+    reader = (
+        VerdictConsumer(settings, topic=topic, from_beginning=from_beginning)
+        if is_verdicts
+        else OutputConsumer(settings, [topic], from_beginning=from_beginning)
+    )
     n = 0
     async with reader:
         async for record in reader.read(max_records, timeout):

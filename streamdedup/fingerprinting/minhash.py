@@ -1,6 +1,6 @@
 """MinHash signatures and bottom-k sketches of shingle sets (Broder 1997), with their estimators.
 
-A document is the SET of its shingle hashes (:func:`streamdedup.features.text_shingles`;
+A document is the SET of its shingle hashes (:func:`streamdedup.fingerprinting.features.text_shingles`;
 repeats do not matter: a minimum over a multiset is the minimum over its set).
 
 Resemblance (Jaccard)   ``r(A, B) = |A ∩ B| / |A ∪ B|``
@@ -13,7 +13,7 @@ MinHash signature (the format; changing any of it changes every stored signature
         h_i(x) = (a_i * u + c_i) mod 2**64            # i = 0 .. num_perm-1
         sig[i] = min over x in A of h_i(x) >> 32      # a uint32
 
-    ``mix64`` is splitmix64's finaliser (:func:`streamdedup.features.mix64`).  ``k, a_0, c_0,
+    ``mix64`` is splitmix64's finaliser (:func:`streamdedup.fingerprinting.features.mix64`).  ``k, a_0, c_0,
     a_1, c_1, ...`` are the outputs of the splitmix64 generator started at state
     ``seed ^ MINHASH_DOMAIN`` (``a_i`` with its low bit set, so ``h_i`` is a bijection):
     the same numbers on every machine, in every process and in any language, and the first
@@ -46,7 +46,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .features import mix64
+from streamdedup.fingerprinting.features import mix64
 
 __all__ = [
     "EMPTY",
@@ -82,11 +82,7 @@ def _splitmix64(state: int, count: int) -> np.ndarray:
 
 
 def _check_seed(seed: int) -> int:
-    if (
-        isinstance(seed, bool)
-        or not isinstance(seed, (int, np.integer))
-        or not 0 <= seed <= _MASK64
-    ):
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= _MASK64:
         raise ValueError(f"seed must be an integer in [0, 2**64), e.g. 1; got {seed!r}")
     return int(seed)
 
@@ -133,7 +129,7 @@ def minhash_signatures(shingle_arrays: Sequence, num_perm: int = 128, seed: int 
     All shingles are hashed in one pass over their concatenation; ``np.minimum.reduceat``
     splits the minima by document, so a batch costs little more than its shingles.
 
-    >>> from streamdedup.features import text_shingles
+    >>> from streamdedup.fingerprinting.features import text_shingles
     >>> docs = ["the quick brown fox jumps", "", "the quick brown fox sleeps"]
     >>> sigs = minhash_signatures([text_shingles(d) for d in docs], num_perm=64)
     >>> sigs.shape, sigs.dtype.name, bool((sigs[1] == EMPTY).all())
@@ -168,7 +164,7 @@ def minhash_signatures(shingle_arrays: Sequence, num_perm: int = 128, seed: int 
 def minhash_signature(shingles: np.ndarray, num_perm: int = 128, seed: int = 1) -> np.ndarray:
     """MinHash signature of the shingle set: a uint32 array of ``num_perm`` minima.
 
-    >>> from streamdedup.features import text_shingles
+    >>> from streamdedup.fingerprinting.features import text_shingles
     >>> a = minhash_signature(text_shingles("a rose is a rose is a rose"))
     >>> b = minhash_signature(text_shingles("a rose is a rose is a rose is a rose"))
     >>> a.shape, resemblance(a, b)
@@ -206,9 +202,7 @@ def resemblance(sig_a: np.ndarray, sig_b: np.ndarray):
 
 def _containment_from(r, size_a: int, size_b: int) -> float:
     if size_a < 0 or size_b < 0:
-        raise ValueError(
-            f"set sizes must be >= 0 (len(np.unique(shingles))); got {size_a}, {size_b}"
-        )
+        raise ValueError(f"set sizes must be >= 0 (len(np.unique(shingles))); got {size_a}, {size_b}")
     if size_a == 0:
         return 1.0  # the empty set is contained in every set
     inter = r * (size_a + size_b) / (1.0 + r)  # from r = i / (|A| + |B| - i)
@@ -233,7 +227,7 @@ def containment(sig_a: np.ndarray, sig_b: np.ndarray, size_a: int, size_b: int) 
 class MinHash:
     """A signature with the size of its set and the seed it was made with.
 
-    >>> from streamdedup.features import text_shingles
+    >>> from streamdedup.fingerprinting.features import text_shingles
     >>> whole = MinHash.of(text_shingles("one two three four five six seven eight nine ten"))
     >>> half = MinHash.of(text_shingles("one two three four five six"))
     >>> whole.size, half.size, half.containment(whole)
@@ -248,7 +242,7 @@ class MinHash:
     def of(cls, shingles, num_perm: int = 128, seed: int = 1) -> MinHash:
         """Signature and set size of a shingle array."""
         x = _as_u64(shingles)
-        return cls(minhash_signature(x, num_perm, seed), int(len(np.unique(x))), seed)
+        return cls(minhash_signature(x, num_perm, seed), len(np.unique(x)), seed)
 
     def _check(self, other: MinHash) -> None:
         if self.seed != other.seed or self.signature.shape != other.signature.shape:
@@ -272,7 +266,7 @@ class MinHash:
 def bottom_k_sketch(shingles: np.ndarray, k: int = 128, seed: int = 1) -> np.ndarray:
     """The ``k`` smallest distinct values of ``g(x) = mix64(x ^ k')``, sorted (uint64).
 
-    >>> from streamdedup.features import text_shingles
+    >>> from streamdedup.fingerprinting.features import text_shingles
     >>> s = bottom_k_sketch(text_shingles("a b c d e f"), k=3)
     >>> len(s), s.dtype.name, bool((s[:-1] < s[1:]).all())
     (3, 'uint64', True)
@@ -286,10 +280,7 @@ def bottom_k_sketch(shingles: np.ndarray, k: int = 128, seed: int = 1) -> np.nda
 def _sketch(s) -> np.ndarray:
     x = np.asarray(s)
     if x.ndim != 1 or (x.size and x.dtype != _U64):
-        raise ValueError(
-            "a bottom-k sketch is a 1-D uint64 array from bottom_k_sketch(); "
-            f"got {x.dtype}{x.shape}"
-        )
+        raise ValueError(f"a bottom-k sketch is a 1-D uint64 array from bottom_k_sketch(); got {x.dtype}{x.shape}")
     return x.astype(_U64, copy=False)
 
 

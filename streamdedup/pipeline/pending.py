@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .wire import Batch
+from streamdedup.pipeline.wire import Batch
 
 __all__ = ["Waiting", "Pending"]
 
@@ -86,41 +86,96 @@ class Pending:
             self._parts[w.partition] = OrderedDict(sorted(part.items()))
         return True
 
-    def add_page(self, partition: int, offset: int, *, page_id: str, url: str, fingerprint: int,
-                 key: bytes | None, value: bytes, headers=(), timestamp_ms: int | None = None) -> int | None:
+    def add_page(
+        self,
+        partition: int,
+        offset: int,
+        *,
+        page_id: str,
+        url: str,
+        fingerprint: int,
+        key: bytes | None,
+        value: bytes,
+        headers=(),
+        timestamp_ms: int | None = None,
+    ) -> int | None:
         """Wait for a page's answers; returns its request id (None: already waiting)."""
         request = self._prefix | (next(self._counter) & 0xFFFF_FFFF)
-        w = Waiting(partition, offset, key, value, list(headers), timestamp_ms, page_id, url, fingerprint,
-                    missing=(1 << self.n_groups) - 1, request=request)
+        w = Waiting(
+            partition,
+            offset,
+            key,
+            value,
+            list(headers),
+            timestamp_ms,
+            page_id,
+            url,
+            fingerprint,
+            missing=(1 << self.n_groups) - 1,
+            request=request,
+        )
         if not self._add(w):
             return None
         self._requests[request] = w
         return request
 
-    def add_bad(self, partition: int, offset: int, reason: str, error: str, *, key: bytes | None, value: bytes,
-                headers=(), timestamp_ms: int | None = None, page_id: str | None = None) -> None:
+    def add_bad(
+        self,
+        partition: int,
+        offset: int,
+        reason: str,
+        error: str,
+        *,
+        key: bytes | None,
+        value: bytes,
+        headers=(),
+        timestamp_ms: int | None = None,
+        page_id: str | None = None,
+    ) -> None:
         """A record for the dead-letter topic: done at once, released in its place."""
-        self._add(Waiting(partition, offset, key, value, list(headers), timestamp_ms, page_id, reason=reason,
-                          error=error))
+        self._add(
+            Waiting(partition, offset, key, value, list(headers), timestamp_ms, page_id, reason=reason, error=error)
+        )
 
     def add_check(self, page_id: str, url: str, fingerprint: int, on_done) -> int:
         """Wait for the answers to a check (not stored, never released); ``on_done(waiting)`` is
         called when they are all in.  Returns the request id; :meth:`cancel` forgets it."""
         request = self._prefix | (next(self._counter) & 0xFFFF_FFFF)
-        self._requests[request] = Waiting(-1, -1, None, b"", page_id=page_id, url=url, fingerprint=fingerprint,
-                                          missing=(1 << self.n_groups) - 1, request=request, on_done=on_done)
+        self._requests[request] = Waiting(
+            -1,
+            -1,
+            None,
+            b"",
+            page_id=page_id,
+            url=url,
+            fingerprint=fingerprint,
+            missing=(1 << self.n_groups) - 1,
+            request=request,
+            on_done=on_done,
+        )
         return request
 
     def cancel(self, request: int) -> None:
         self._requests.pop(request, None)
 
-    def fail(self, partition: int, offset: int, reason: str, error: str, *, key: bytes | None, value: bytes,
-             headers=(), timestamp_ms: int | None = None) -> None:
+    def fail(
+        self,
+        partition: int,
+        offset: int,
+        reason: str,
+        error: str,
+        *,
+        key: bytes | None,
+        value: bytes,
+        headers=(),
+        timestamp_ms: int | None = None,
+    ) -> None:
         """Make a record a dead letter, whether or not it is waiting already (an internal error)."""
         w = self._parts.get(partition, {}).get(offset)
         if w is None:
-            self.add_bad(partition, offset, reason, error, key=key, value=value, headers=headers,
-                         timestamp_ms=timestamp_ms)
+            self.add_bad(
+                partition, offset, reason, error, key=key, value=value, headers=headers, timestamp_ms=timestamp_ms
+            )
             return
         self._requests.pop(w.request, None)
         w.reason, w.error, w.missing, w.best = reason, error, 0, None
@@ -148,11 +203,21 @@ class Pending:
         touched: set[int] = set()
         matched = np.flatnonzero(rows["distance"] >= 0)
         ids, urls = (batch.select(matched).ids(), batch.select(matched).urls()) if len(matched) else ([], [])
-        match_of = dict(zip(matched.tolist(), zip(rows["fetched"][matched].tolist(),
-                                                  rows["id_hash"][matched].tolist(),
-                                                  rows["fp"][matched].tolist(), ids, urls)))
-        for i, (req, group, dist) in enumerate(zip(rows["request"].tolist(), rows["group"].tolist(),
-                                                   rows["distance"].tolist())):
+        match_of = dict(
+            zip(
+                matched.tolist(),
+                zip(
+                    rows["fetched"][matched].tolist(),
+                    rows["id_hash"][matched].tolist(),
+                    rows["fp"][matched].tolist(),
+                    ids,
+                    urls,
+                ),
+            )
+        )
+        for i, (req, group, dist) in enumerate(
+            zip(rows["request"].tolist(), rows["group"].tolist(), rows["distance"].tolist())
+        ):
             p = self.answer_one(req, group, dist, match_of.get(i))
             if p is not None:
                 touched.add(p)
@@ -189,6 +254,7 @@ class Pending:
         for p, part in sorted(self._parts.items()):
             if part:
                 head = next(iter(part.values()))
-                out.append(f"partition {p}: {len(part)} waiting, head offset {head.offset} "
-                           f"missing groups {bin(head.missing)}")
+                out.append(
+                    f"partition {p}: {len(part)} waiting, head offset {head.offset} missing groups {bin(head.missing)}"
+                )
         return "; ".join(out) or "nothing waiting"

@@ -1,0 +1,28 @@
+"""``streamdedup worker``: run a stream worker of the consumer group."""
+
+from __future__ import annotations
+
+import click
+
+from streamdedup.cli.options import settings_from_click, settings_options
+from streamdedup.errors import TopicError
+
+
+@click.command()
+@settings_options
+def worker(**params) -> None:
+    """Run a stream worker: judge the pages topic, route pages to the unique, near-duplicate,
+    verdicts and dead-letter topics.  Start as many as the pages topic has partitions; they
+    share the index (sharded by simhash block) through the consumer group --app-id."""
+    settings = settings_from_click(params)
+    if settings.algorithm != "simhash":
+        raise click.BadParameter(
+            f"the stream worker judges by simhash; {settings.algorithm!r} is available in `streamdedup scan` only",
+            param_hint="--algorithm / STREAMDEDUP_ALGORITHM",
+        )
+    from streamdedup.stream.run import run_worker
+
+    try:
+        run_worker(settings)
+    except TopicError as e:
+        raise click.ClickException(str(e)) from None

@@ -1,0 +1,449 @@
+"""Kafka clients for crawlers and for streamdedup's results (aiokafka only, no faust).
+
+:class:`PageProducer` sends pages to the pages topic in the worker's input format (key: page id;
+value: the JSON record of :mod:`streamdedup.engine.records`).  :class:`VerdictConsumer` reads the
+verdicts topic; :class:`OutputConsumer` reads the unique, near-duplicate and dead-letter topics
+with their ``streamdedup-*`` headers parsed.  Both read committed records only (the worker
+writes in transactions).
+
+    settings = Settings.from_sources({"brokers": "127.0.0.1:9092"}, {})
+    async with PageProducer(settings) as producer:
+        await producer.send({"url": "http://a/x", "content": "<p>Hello</p>"})
+        bad = await producer.send_many([page_a, page_b])  # Pages, dicts or JSON bytes; -> [(position, RecordError)]
+
+    async with VerdictConsumer(settings, from_beginning=True) as verdicts:
+        async for v in verdicts.read(idle_timeout=5):
+            print(v.verdict, v.url, v.match_url)
+
+    async with OutputConsumer(settings, [settings.near_duplicate_topic]) as pages:
+        async for p in pages:
+            print(p.url, "~", p.match_url, p.distance)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import KafkaConnectionError, KafkaError
+
+from streamdedup.engine.records import Page, page_from_json
+from streamdedup.errors import ClientError, RecordError
+from streamdedup.fingerprinting.text import decode_body, text_mime
+from streamdedup.pipeline.intake import fetched_ms
+from streamdedup.settings import Settings
+
+__all__ = [
+    "ClientError",
+    "OutputConsumer",
+    "OutputRecord",
+    "PageProducer",
+    "VerdictConsumer",
+    "VerdictRecord",
+    "encode_page",
+]
+
+HEADER_PREFIX = "streamdedup-"
+
+
+# ---------------------------------------------------------------------------- the input record
+
+
+def encode_page(page: Page | Mapping[str, Any] | bytes, max_bytes: int) -> tuple[bytes, bytes]:
+    """``(key, value)`` of a pages-topic record, checked as the worker checks it; raises :class:`RecordError`.
+
+    A :class:`Page` with bytes content (a WARC or HTTP body) is decoded with its charset, else the
+    one in its ``content_type``, as the worker decodes pages; the record's ``content_type`` is the
+    bare MIME type.  A mapping is sent as JSON, and bytes (a JSON record, e.g. a line of a JSON-lines
+    file) byte for byte: extra fields, which the worker passes on, are kept.
+
+    >>> key, value = encode_page(Page("http://a/", "http://a/", "<p>caf\\xe9</p>".encode("latin-1"),
+    ...                               "text/html", "ISO-8859-1", "2026-01-01T00:00:00Z"), 1024)
+    >>> key, json.loads(value)["content"]
+    (b'http://a/', '<p>café</p>')
+    >>> encode_page({"url": "http://a/logo", "content": "x", "content_type": "image/png"}, 1024)
+    Traceback (most recent call last):
+    ...
+    streamdedup.errors.RecordError: not_text: content type 'image/png' is neither HTML nor plain text
+    """
+    if isinstance(page, Page):
+        mime = _mime(page.content_type)
+        content = page.content
+        if not isinstance(content, str):
+            try:
+                content = decode_body(content, page.charset, page.content_type)
+            except RecordError as e:
+                raise RecordError(e.reason, e.message) from None
+        page = {
+            "url": page.url,
+            "content": content,
+            "content_type": mime or None,
+            "fetched_at": page.fetched_at,
+            "id": page.id,
+        }
+    if isinstance(page, bytes):
+        value = page
+    else:
+        try:
+            value = json.dumps(page, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate cannot be UTF-8: keep it as a \\u escape
+            value = json.dumps(page, separators=(",", ":")).encode("ascii")
+        except (TypeError, ValueError) as e:
+            raise RecordError("bad_field", f"the record cannot be written as JSON ({e})") from None
+    checked = page_from_json(value, max_bytes)
+    _mime(checked.content_type)
+    fetched_ms(checked.fetched_at, 0)  # the worker orders pages by it: refuse what it would refuse
+    return checked.id.encode("utf-8", "surrogatepass"), value
+
+
+def _mime(content_type: str | None) -> str:
+    """The MIME type, if the worker takes it (HTML, plain text, or unknown: ""); else not_text."""
+    try:
+        return text_mime(content_type)
+    except RecordError as e:
+        raise RecordError(e.reason, e.message) from None
+
+
+async def _start(client: AIOKafkaProducer | AIOKafkaConsumer, brokers: Sequence[str], timeout: float) -> None:
+    errors = _Collect()  # aiokafka logs why it failed (refused, bad password...); its exception does not say
+    logging.getLogger("aiokafka").addHandler(errors)
+    try:
+        await asyncio.wait_for(client.start(), timeout)
+    except (TimeoutError, KafkaConnectionError) as e:
+        await client.stop()
+        why = errors.last or str(e) or f"no answer in {timeout:g} s"
+        raise ClientError(
+            f"cannot connect to Kafka at {','.join(brokers)} ({why}); check --brokers / "
+            "STREAMDEDUP_BROKERS, that the broker is running, and the security settings"
+        ) from None
+    finally:
+        logging.getLogger("aiokafka").removeHandler(errors)
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.last: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.last = record.getMessage()
+
+
+# ---------------------------------------------------------------------------- producer
+
+
+class PageProducer:
+    """Sends pages to the pages topic; an async context manager.
+
+    Records are batched by aiokafka (``linger_ms``, ``max_batch_bytes`` per partition) and sent
+    with ``acks="all"`` and idempotence, so a retry does not write a page twice.  ``kafka_kwargs``
+    go to :class:`aiokafka.AIOKafkaProducer` and override everything else, e.g.
+    ``PageProducer(bootstrap_servers="127.0.0.1:9092", compression_type="gzip")``.
+    ``pages_sent`` and ``bytes_sent`` count delivered records and their value bytes.
+    """
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        topic: str | None = None,
+        linger_ms: int = 20,
+        max_batch_bytes: int = 256 * 1024,
+        connect_timeout: float = 30.0,
+        **kafka_kwargs: Any,
+    ) -> None:
+        settings = settings or Settings()
+        self.topic = topic or settings.pages_topic
+        self.max_bytes = settings.max_page_bytes
+        self.pages_sent = self.bytes_sent = 0
+        self._brokers = settings.brokers
+        self._connect_timeout = connect_timeout
+        # A record may be max_page_bytes plus its key and headers: let the broker's limit decide.
+        self._kwargs = {
+            "acks": "all",
+            "enable_idempotence": True,
+            "linger_ms": linger_ms,
+            "max_batch_size": max_batch_bytes,
+            "max_request_size": self.max_bytes + 64 * 1024,
+            **settings.aiokafka_kwargs(),
+            **kafka_kwargs,
+        }
+        self._producer: AIOKafkaProducer | None = None
+
+    async def start(self) -> None:
+        """Connect, and check that the pages topic exists (raises :class:`ClientError`)."""
+        self._producer = AIOKafkaProducer(**self._kwargs)
+        await _start(self._producer, self._brokers, self._connect_timeout)
+        try:
+            await asyncio.wait_for(self._producer.partitions_for(self.topic), self._connect_timeout)
+        except (TimeoutError, KafkaError) as e:
+            await self._producer.stop()
+            raise ClientError(
+                f"topic {self.topic!r} is not available ({type(e).__name__}); start the worker, "
+                "which creates its topics, or check --pages-topic"
+            ) from None
+
+    async def stop(self) -> None:
+        """Send what is pending and disconnect."""
+        if self._producer is not None:
+            await self._producer.stop()
+
+    async def __aenter__(self) -> PageProducer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def send(
+        self, page: Page | Mapping[str, Any] | bytes, headers: Sequence[tuple[str, bytes]] = ()
+    ) -> asyncio.Future:
+        """Queue one page (key: its id; see :func:`encode_page`); returns the delivery future (its result
+        is an aiokafka ``RecordMetadata``).
+
+        Raises :class:`RecordError` for a page the worker would refuse; such a page is not sent.
+        Waits only when the batches are full.
+        """
+        assert self._producer is not None, "start the producer first (async with PageProducer(...))"
+        key, value = encode_page(page, self.max_bytes)
+        delivery = await self._producer.send(self.topic, value, key=key, headers=list(headers))
+        delivery.add_done_callback(lambda f: self._count(f, len(value)))
+        return delivery
+
+    def _count(self, delivery: asyncio.Future, size: int) -> None:
+        if not delivery.cancelled() and delivery.exception() is None:
+            self.pages_sent += 1
+            self.bytes_sent += size
+
+    async def send_many(self, pages: Iterable[Page | Mapping[str, Any] | bytes]) -> list[tuple[int, RecordError]]:
+        """Send pages and wait until all are delivered; returns the refused ones as (position, error).
+
+        A delivery failure (e.g. the broker is gone) raises the first error.
+        """
+        bad, deliveries = [], []
+        for position, page in enumerate(pages):
+            try:
+                deliveries.append(await self.send(page))
+            except RecordError as e:
+                bad.append((position, e))
+        await asyncio.gather(*deliveries)
+        return bad
+
+    async def flush(self) -> None:
+        """Wait until every queued page is delivered or has failed."""
+        assert self._producer is not None, "start the producer first"
+        await self._producer.flush()
+
+
+# ---------------------------------------------------------------------------- consumers
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictRecord:
+    """One record of the verdicts topic.  ``partition`` / ``offset``: the page's place in the pages topic."""
+
+    id: str
+    url: str
+    verdict: str  # "unique" | "near_duplicate"
+    fingerprint: str  # 16 lowercase hex digits
+    match_id: str | None
+    match_url: str | None
+    distance: int | None
+    partition: int
+    offset: int
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> VerdictRecord:
+        """Raises ValueError for anything but a verdict.
+
+        >>> VerdictRecord.from_json(b'{"id": "a", "url": "http://a/", "verdict": "unique", "fingerprint": '
+        ...                         b'"00ff00ff00ff00ff", "match_id": null, "match_url": null, "distance": null, '
+        ...                         b'"partition": 0, "offset": 7}').offset
+        7
+        """
+        data = json.loads(raw)
+        if not isinstance(data, dict) or not all(isinstance(data.get(k), str) for k in ("id", "url", "verdict")):
+            raise ValueError("no id, url and verdict")
+        return cls(**{f.name: data.get(f.name) for f in fields(cls)})
+
+
+@dataclass(frozen=True, slots=True)
+class OutputRecord:
+    """One record of the unique, near-duplicate or dead-letter topic, its streamdedup headers parsed.
+
+    ``value`` is the input record, unchanged; ``headers`` holds all headers, the input's too.
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    key: str | None
+    value: bytes
+    headers: dict[str, bytes]
+    verdict: str | None = None
+    fingerprint: str | None = None
+    match_id: str | None = None
+    match_url: str | None = None
+    distance: int | None = None
+    reason: str | None = None  # dead-letter only
+    error: str | None = None  # dead-letter only
+
+    @classmethod
+    def from_kafka(
+        cls,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes,
+        headers: Iterable[tuple[str, bytes]],
+    ) -> OutputRecord:
+        """
+        >>> r = OutputRecord.from_kafka("pages.near-duplicate", 0, 3, b"b", b'{"url": "http://a/b"}',
+        ...                             [("streamdedup-verdict", b"near_duplicate"), ("streamdedup-distance", b"2")])
+        >>> r.verdict, r.distance, r.url
+        ('near_duplicate', 2, 'http://a/b')
+        """
+        hdrs = dict(headers)
+        ours = {
+            name.removeprefix(HEADER_PREFIX).replace("-", "_"): v.decode("utf-8", "replace")
+            for name, v in hdrs.items()
+            if name.startswith(HEADER_PREFIX)
+        }
+        distance = ours.pop("distance", None)
+        known = {f.name for f in fields(cls)} - {"topic", "partition", "offset", "key", "value", "headers"}
+        return cls(
+            topic,
+            partition,
+            offset,
+            None if key is None else key.decode("utf-8", "replace"),
+            value,
+            hdrs,
+            distance=int(distance) if distance is not None else None,
+            **{k: v for k, v in ours.items() if k in known},
+        )
+
+    @property
+    def url(self) -> str | None:
+        """The page's URL from the input record, if it is a JSON object with one."""
+        try:
+            data = json.loads(self.value)
+        except (ValueError, TypeError):
+            return None
+        return data.get("url") if isinstance(data, dict) and isinstance(data.get("url"), str) else None
+
+
+class _TopicReader:
+    """Reads topics from the beginning or the end (no group), or as consumer group ``group_id``."""
+
+    def __init__(
+        self,
+        settings: Settings | None,
+        topics: Sequence[str],
+        *,
+        group_id: str | None = None,
+        from_beginning: bool = False,
+        connect_timeout: float = 30.0,
+        **kafka_kwargs: Any,
+    ) -> None:
+        settings = settings or Settings()
+        self.topics = tuple(topics)
+        self._group_id, self._from_beginning = group_id, from_beginning
+        self._brokers, self._connect_timeout = settings.brokers, connect_timeout
+        self._kwargs = {
+            "isolation_level": "read_committed",
+            "group_id": group_id,
+            "enable_auto_commit": group_id is not None,
+            "auto_offset_reset": "earliest" if from_beginning else "latest",
+            **settings.aiokafka_kwargs(),
+            **kafka_kwargs,
+        }
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def start(self) -> None:
+        """Connect and take position; raises :class:`ClientError` if a topic does not exist."""
+        consumer = self._consumer = AIOKafkaConsumer(**self._kwargs)
+        await _start(consumer, self._brokers, self._connect_timeout)
+        try:
+            if missing := [t for t in self.topics if t not in await consumer.topics()]:
+                raise ClientError(
+                    f"topic {missing[0]!r} does not exist; check the topic setting, or start the "
+                    "worker, which creates its topics"
+                )
+            consumer.subscribe(self.topics)  # (after the check: asking for a topic's metadata may create it)
+            if self._group_id is None:  # every partition is ours: take position now, not at the first fetch
+                deadline = time.monotonic() + self._connect_timeout
+                while {tp.topic for tp in consumer.assignment()} != set(self.topics):
+                    if time.monotonic() > deadline:
+                        raise ClientError(
+                            f"no partitions of {', '.join(self.topics)} assigned after "
+                            f"{self._connect_timeout:g} s; check the broker"
+                        )
+                    await asyncio.sleep(0.02)
+                await (consumer.seek_to_beginning if self._from_beginning else consumer.seek_to_end)()
+        except BaseException:
+            await consumer.stop()
+            raise
+
+    async def stop(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+
+    async def __aenter__(self):
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def __aiter__(self):
+        return self.read()
+
+    async def read(self, max_records: int | None = None, idle_timeout: float | None = None) -> AsyncIterator:
+        """Records as they come; stops after ``max_records``, or ``idle_timeout`` seconds without one."""
+        assert self._consumer is not None, "start the consumer first (async with ...)"
+        count, last = 0, time.monotonic()
+        while max_records is None or count < max_records:
+            batches = await self._consumer.getmany(timeout_ms=200, max_records=max_records and max_records - count)
+            for messages in batches.values():
+                for m in messages:
+                    yield self._parse(m)
+                    count, last = count + 1, time.monotonic()
+            if idle_timeout is not None and time.monotonic() - last >= idle_timeout:
+                return
+
+    def _parse(self, m: Any) -> Any:
+        raise NotImplementedError
+
+
+class VerdictConsumer(_TopicReader):
+    """Yields :class:`VerdictRecord` from the verdicts topic; an async context manager and iterator.
+
+    ``from_beginning``: every verdict kept, else only new ones; ``group_id``: resume where that
+    consumer group stopped (committing as it reads).
+    """
+
+    def __init__(self, settings: Settings | None = None, *, topic: str | None = None, **kwargs: Any) -> None:
+        super().__init__(settings, [topic or (settings or Settings()).verdicts_topic], **kwargs)
+
+    def _parse(self, m: Any) -> VerdictRecord:
+        try:
+            return VerdictRecord.from_json(m.value)
+        except (ValueError, TypeError) as e:
+            raise ClientError(
+                f"{m.topic}[{m.partition}] offset {m.offset} is not a verdict ({e}); is "
+                "--verdicts-topic the worker's verdicts topic?"
+            ) from None
+
+
+class OutputConsumer(_TopicReader):
+    """Yields :class:`OutputRecord` from the unique, near-duplicate or dead-letter topics (any of them)."""
+
+    def _parse(self, m: Any) -> OutputRecord:
+        return OutputRecord.from_kafka(m.topic, m.partition, m.offset, m.key, m.value, m.headers)
