@@ -1,0 +1,1 @@
+"""Indexes over fingerprints: Manku's permuted-table designs, the Hamming index, and MinHash LSH banding."""
