@@ -1,15 +1,22 @@
-"""Click options for every :class:`~streamdedup.settings.Settings` field.
+"""Click options for :class:`~streamdedup.settings.Settings` fields.
 
 The options are generated from the Settings table, take strings (the bool one is a
 ``--x/--no-x`` pair) and default to None, so :meth:`Settings.from_sources` sees only the flags
 that were given and does all parsing and checking itself.  Click's own ``envvar`` is not used:
 the environment is resolved by Settings, so an error can name both the flag and the env var.
+Each command gets the settings it uses: the worker all of them, the crawler's commands the
+connection and their topics (:data:`PRODUCE`, :data:`VERDICTS`), so ``--help`` shows no
+option that would do nothing.
 
     @main.command()
     @settings_options
     def worker(**params):
         settings = settings_from_click(params)  # bad value: usage error, exit 2
         run_worker(settings)
+
+    @main.command()
+    @settings_options(only=PRODUCE)
+    def produce(**params): ...
 """
 
 from __future__ import annotations
@@ -24,9 +31,29 @@ import click
 from streamdedup.errors import SettingsError
 from streamdedup.settings import Settings
 
-__all__ = ["settings_from_click", "settings_options"]
+__all__ = ["CONNECTION", "PRODUCE", "VERDICTS", "settings_from_click", "settings_options"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: How to reach Kafka, and how much the client logs: every command that talks to Kafka.
+CONNECTION = (
+    "brokers",
+    "security_protocol",
+    "sasl_mechanism",
+    "sasl_username",
+    "sasl_password",
+    "sasl_password_file",
+    "ssl_cafile",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_key_password",
+    "ssl_check_hostname",
+    "log_level",
+)
+#: ``streamdedup produce``: the pages topic, and the size limit it checks before sending.
+PRODUCE = CONNECTION + ("pages_topic", "max_page_bytes")
+#: ``streamdedup verdicts``: the output topics it reads.
+VERDICTS = CONNECTION + ("verdicts_topic", "unique_topic", "near_duplicate_topic", "dead_letter_topic")
 
 
 def _help(f: Any) -> str:
@@ -40,13 +67,23 @@ def _help(f: Any) -> str:
     return f"{m['help']} [default: {default}; env: {m['env']}]"
 
 
-def settings_options(command: F) -> F:
-    """Add one option per Settings field to a click command (a decorator).
+def settings_options(command: F | None = None, *, only: tuple[str, ...] | None = None) -> Any:
+    """Add one option per Settings field (``only``: those fields) to a click command (a decorator,
+    bare or called).
 
     Each option's parameter name is the field name, so ``settings_from_click(params)`` can pick
     them out of the command's keyword arguments.
     """
-    for f in reversed(fields(Settings)):  # decorators apply bottom-up: keep the table's order in --help
+    if command is None:
+        return lambda c: _add_options(c, only)
+    return _add_options(command, only)
+
+
+def _add_options(command: F, only: tuple[str, ...] | None) -> F:
+    chosen = [f for f in fields(Settings) if only is None or f.name in only]
+    if only is not None and (unknown := set(only) - {f.name for f in chosen}):
+        raise TypeError(f"not Settings fields: {', '.join(sorted(unknown))}")
+    for f in reversed(chosen):  # decorators apply bottom-up: keep the table's order in --help
         m = f.metadata
         if isinstance(f.default, bool):
             flag = m["flag"].removeprefix("--")
