@@ -118,3 +118,22 @@ def test_every_option_is_explained():
         ["too_large"],  # --max-page-bytes
     ):
         assert all(w in " ".join(scan.split()) for w in words), words
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_scan_progress_has_a_total_for_a_file(tmp_path, gz):
+    import gzip
+    import json
+
+    lines = "".join(json.dumps({"url": f"http://a/{i}", "content": f"page {i} " * 50}) + "\n" for i in range(300))
+    path = tmp_path / ("pages.jsonl.gz" if gz else "pages.jsonl")
+    path.write_bytes(gzip.compress(lines.encode()) if gz else lines.encode())
+    result = CliRunner().invoke(main, ["scan", str(path), "-o", str(tmp_path / "v.jsonl"), "--progress"])
+    assert result.exit_code == 0, result.output
+    size = path.stat().st_size
+    bars = [b for b in re.split(r"[\r\n]", result.output) if "%|" in b]
+    assert bars and "100%" in bars[-1] and "300 records" in bars[-1], bars[-1:]
+    from tqdm import tqdm
+
+    assert f"/{tqdm.format_sizeof(size)} [" in bars[-1], (size, bars[-1])  # the total is the file's size
+    assert len((tmp_path / "v.jsonl").read_text().splitlines()) == 300
