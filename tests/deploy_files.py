@@ -201,7 +201,7 @@ def known_metrics() -> dict[str, set[str]]:
     from streamdedup.stream.metrics import Metrics, faust_metrics
 
     ours = Metrics.create(CollectorRegistry())
-    faust = [getattr(m, "histogram", m) for m in faust_metrics(CollectorRegistry())]
+    faust = list(faust_metrics(CollectorRegistry()))
     registry = CollectorRegistry()
     defaults = [
         ProcessCollector(registry=registry),

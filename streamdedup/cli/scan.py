@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import click
 
@@ -170,7 +170,7 @@ def _records(input: Path, fmt: str, max_page_bytes: int) -> Iterator[tuple[Any, 
             yield read_warc(raw, max_page_bytes), raw.tell
         else:
             with gzip.GzipFile(fileobj=raw) if zipped else raw as stream:
-                yield read_jsonl(stream, max_page_bytes), raw.tell
+                yield read_jsonl(cast(BinaryIO, stream), max_page_bytes), raw.tell
 
 
 class _Bar:

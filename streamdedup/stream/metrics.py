@@ -193,14 +193,12 @@ class Metrics:
 FAUST_SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 
 
-class _Milliseconds:
-    """A seconds histogram that faust's monitor feeds in milliseconds (``Monitor.ms_since``)."""
+class MillisecondsHistogram(Histogram):
+    """A seconds histogram that faust's monitor feeds in milliseconds (``Monitor.ms_since``).
+    For unlabelled histograms only (faust's are): a labelled child would divide again."""
 
-    def __init__(self, histogram: Histogram) -> None:
-        self.histogram = histogram
-
-    def observe(self, ms: float) -> None:
-        self.histogram.observe(ms / 1000.0)
+    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
+        super().observe(amount / 1000.0, exemplar)
 
 
 def faust_metrics(registry: CollectorRegistry = REGISTRY, prefix: str = FAUST_PREFIX) -> Any:
@@ -211,8 +209,8 @@ def faust_metrics(registry: CollectorRegistry = REGISTRY, prefix: str = FAUST_PR
 
     r = {"registry": registry}
 
-    def seconds(name: str, help: str) -> _Milliseconds:
-        return _Milliseconds(Histogram(f"{prefix}_{name}_seconds", help, buckets=FAUST_SECONDS_BUCKETS, **r))
+    def seconds(name: str, help: str) -> Histogram:
+        return MillisecondsHistogram(f"{prefix}_{name}_seconds", help, buckets=FAUST_SECONDS_BUCKETS, **r)
 
     tp = ["topic", "partition"]
     return FaustMetrics(
