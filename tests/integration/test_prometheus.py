@@ -9,12 +9,12 @@ the worker's live ``/metrics``.
   StreamdedupDeadLetterSpike (a burst of bad records), StreamdedupVerdictLatencyHigh (pages
   produced with a timestamp an hour old), StreamdedupErrors (undecodable records written to the
   internal answers topic), StreamdedupMemoryHigh and StreamdedupIndexMemoryHigh (limits set
-  below what the worker holds), StreamdedupWorkerDown and StreamdedupNoWorkers (the worker
-  stopped).  Not provoked here, only in ``deploy/prometheus/alerts_test.yml`` (promtool test
-  rules): StreamdedupLagGrowing (needs 10,000 records of lag growing for 15 minutes),
-  StreamdedupRecoveryStuck (needs a changelog that cannot be read) and
-  StreamdedupCheckLatencyHigh (needs /check answers over 1 s).  Those are checked to be quiet
-  with every operand of their expression returning data.
+  below what the worker holds), StreamdedupCheckLatencyHigh (16 concurrent checks of a 1 MB
+  page), StreamdedupWorkerDown and StreamdedupNoWorkers (the worker stopped).  Not provoked
+  here, only in ``deploy/prometheus/alerts_test.yml`` (promtool test rules):
+  StreamdedupLagGrowing (needs 10,000 records of lag growing for 15 minutes) and
+  StreamdedupRecoveryStuck (needs a changelog that cannot be read).  Those are checked to be
+  quiet with every operand of their expression returning data.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import yaml
@@ -43,6 +44,7 @@ PROVOKED = {
     "StreamdedupErrors",
     "StreamdedupMemoryHigh",
     "StreamdedupIndexMemoryHigh",
+    "StreamdedupCheckLatencyHigh",
     "StreamdedupWorkerDown",
     "StreamdedupNoWorkers",
 }
@@ -250,6 +252,16 @@ def test_each_alert_fires_when_its_failure_is_provoked(kafka, tmp_path):
         prom.wait(lambda: fires("StreamdedupErrors"), 60, "the errors alert")
         (err,) = prom.query(rules["StreamdedupErrors"])
         assert err["metric"]["stage"] == "answers"
+
+        # crawlers checking large pages at once: the worker extracts and fingerprints each one in
+        # its event loop, so the later ones wait for the earlier ones
+        words = " ".join(f"w{i % 7919}" for i in range(140_000))
+        big = page_record("http://prom.test/big", f"<p>{words}</p>")
+        assert len(json.dumps(big)) < 1_000_000  # under aiohttp's 1 MiB request limit
+        assert not fires("StreamdedupCheckLatencyHigh")
+        with ThreadPoolExecutor(16) as pool:
+            assert list(pool.map(lambda _: post_check(worker.web_port, big), range(16))) == [200] * 16
+        prom.wait(lambda: fires("StreamdedupCheckLatencyHigh"), 60, "the /check latency alert")
 
         promtool_check_metrics(scrape(worker.web_port))  # with every label child the traffic made
 
