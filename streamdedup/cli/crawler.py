@@ -93,7 +93,10 @@ Examples:
     help="auto: by the file name, then the first bytes (stdin: JSON lines).",
 )
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
-@settings_options(only=PRODUCE)
+@settings_options(
+    only=PRODUCE,
+    help={"max_page_bytes": "Larger pages are reported and not sent (set it as the worker's, which refuses them)."},
+)
 def produce(files: tuple[Path, ...], input_format: str, progress: bool | None, **params: object) -> None:
     """Send the pages of FILE... to the pages topic, for the stream worker to judge.
 

@@ -56,30 +56,33 @@ PRODUCE = CONNECTION + ("pages_topic", "max_page_bytes")
 VERDICTS = CONNECTION + ("verdicts_topic", "unique_topic", "near_duplicate_topic", "dead_letter_topic")
 
 
-def _help(f: Any) -> str:
+def _help(f: Any, text: str | None = None) -> str:
     m, default = f.metadata, f.default
+    text = text or m["help"]
     if default is None or m["secret"]:
-        return f"{m['help']} [env: {m['env']}]"
+        return f"{text} [env: {m['env']}]"
     if isinstance(default, tuple):
         default = ",".join(default)
     elif isinstance(default, bool):
         default = str(default).lower()
-    return f"{m['help']} [default: {default}; env: {m['env']}]"
+    return f"{text} [default: {default}; env: {m['env']}]"
 
 
-def settings_options(command: F | None = None, *, only: tuple[str, ...] | None = None) -> Any:
+def settings_options(
+    command: F | None = None, *, only: tuple[str, ...] | None = None, help: Mapping[str, str] | None = None
+) -> Any:
     """Add one option per Settings field (``only``: those fields) to a click command (a decorator,
-    bare or called).
+    bare or called); ``help`` replaces a field's help text where the command uses it differently.
 
     Each option's parameter name is the field name, so ``settings_from_click(params)`` can pick
     them out of the command's keyword arguments.
     """
     if command is None:
-        return lambda c: _add_options(c, only)
-    return _add_options(command, only)
+        return lambda c: _add_options(c, only, help or {})
+    return _add_options(command, only, help or {})
 
 
-def _add_options(command: F, only: tuple[str, ...] | None) -> F:
+def _add_options(command: F, only: tuple[str, ...] | None, texts: Mapping[str, str]) -> F:
     chosen = [f for f in fields(Settings) if only is None or f.name in only]
     if only is not None and (unknown := set(only) - {f.name for f in chosen}):
         raise TypeError(f"not Settings fields: {', '.join(sorted(unknown))}")
@@ -87,9 +90,10 @@ def _add_options(command: F, only: tuple[str, ...] | None) -> F:
         m = f.metadata
         if isinstance(f.default, bool):
             flag = m["flag"].removeprefix("--")
-            option = click.option(f"--{flag}/--no-{flag}", f.name, default=None, help=_help(f))
+            option = click.option(f"--{flag}/--no-{flag}", f.name, default=None, help=_help(f, texts.get(f.name)))
         else:
-            option = click.option(m["flag"], f.name, type=str, default=None, metavar=m["metavar"], help=_help(f))
+            text = _help(f, texts.get(f.name))
+            option = click.option(m["flag"], f.name, type=str, default=None, metavar=m["metavar"], help=text)
         command = option(command)
     return command
 
