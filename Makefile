@@ -1,7 +1,7 @@
 # Set-up and everyday commands.  Every target installs what it needs first, so on a fresh
 # machine `make demo` and `make test` are all there is to type.
 #
-#   make demo    judge a sample crawl (deploy/sample/) and print a summary
+#   make demo    judge a sample crawl (deploy/sample/) and print a summary (KEEP=1: leave it running)
 #   make test    lint, type check, then the whole test suite (what CI runs)
 #   make unit    the tests that need no broker and no Prometheus (under a minute)
 #   make lint    ruff (lint + format check) and mypy on the package
@@ -48,8 +48,9 @@ unit: $(STAMPS)/python
 test: install lint
 	$(PY) -m pytest
 
+# KEEP=1 leaves the broker and the worker running afterwards (demo.py --keep)
 demo: install
-	$(PY) deploy/sample/demo.py
+	$(PY) deploy/sample/demo.py $(if $(KEEP),--keep)
 
 bench: install
 	$(PY) -m pip install --quiet -e '.[bench]'

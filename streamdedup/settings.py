@@ -283,6 +283,13 @@ class Settings:
         _int(0, None, "use e.g. 4294967296 (4 GiB)"),
         "BYTES",
     )
+    memory_limit: int = _f(
+        "--memory-limit",
+        0,
+        "Bytes the worker's processes may use, for the alert on memory (0: the container's limit).",
+        _int(0, None, "use e.g. 4831838208 (4.5 GiB)"),
+        "BYTES",
+    )
     log_level: str = _f(
         "--log-level",
         "info",

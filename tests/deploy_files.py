@@ -170,9 +170,9 @@ def promql_label_values(expr: str, label: str) -> set[str]:
 
 def _series_names(family_name: str, kind: str) -> set[str]:
     suffixes = {
-        "counter": ("_total", "_created"),
-        "histogram": ("_bucket", "_sum", "_count", "_created"),
-        "summary": ("", "_sum", "_count", "_created"),
+        "counter": ("_total",),  # no _created: the worker disables them (metrics.py)
+        "histogram": ("_bucket", "_sum", "_count"),
+        "summary": ("", "_sum", "_count"),
         "info": ("_info",),
         "gaugehistogram": ("_bucket", "_gsum", "_gcount"),
     }.get(kind, ("",))
@@ -191,18 +191,17 @@ def _collector_metrics(collectors: list[Any]) -> dict[str, set[str]]:
 
 def known_metrics() -> dict[str, set[str]]:
     """Every series name a worker can export -> its label names (without target labels): the
-    metrics of ``streamdedup/stream/metrics.py``, faust's sensor metrics (prefix
-    ``streamdedup_faust``), and prometheus_client's default process, platform and GC collectors.
+    metrics of ``streamdedup/stream/metrics.py``, faust's sensor metrics as it names them
+    (``faust_metrics``, prefix ``streamdedup_faust``), and prometheus_client's default process, platform and GC collectors.
     All are built in fresh registries, so nothing here depends on a running worker."""
     from dataclasses import fields
 
-    from faust.sensors.prometheus import FaustMetrics
     from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
-    from streamdedup.stream.metrics import FAUST_PREFIX, Metrics
+    from streamdedup.stream.metrics import Metrics, faust_metrics
 
     ours = Metrics.create(CollectorRegistry())
-    faust = FaustMetrics.create(CollectorRegistry(), FAUST_PREFIX.replace("-", "_").replace(".", "_"))
+    faust = list(faust_metrics(CollectorRegistry()))
     registry = CollectorRegistry()
     defaults = [
         ProcessCollector(registry=registry),
@@ -210,7 +209,7 @@ def known_metrics() -> dict[str, set[str]]:
         GCCollector(registry=registry),
     ]
     out = _collector_metrics([getattr(ours, f.name) for f in fields(ours)])
-    out |= _collector_metrics(list(faust))
+    out |= _collector_metrics(faust)
     out |= _collector_metrics(defaults)
     return out
 

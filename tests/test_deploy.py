@@ -564,28 +564,45 @@ def test_alert_unit_tests_cover_every_alert():
     assert alerts - silent == set(), "alerts never shown staying silent"
 
 
+#: runbook_url: the Prometheus external label runbook_base, or the default, then the alert's anchor.
+RUNBOOK = re.compile(r'\{\{ or \$externalLabels\.runbook_base "(https://[^"]+)" \}\}#([a-z]+)')
+
+
 def test_alert_rules_are_complete():
     anchors = github_anchors(README.read_text(encoding="utf-8"))
     required = {
         "StreamdedupWorkerDown",
+        "StreamdedupNoWorkers",
         "StreamdedupLagGrowing",
         "StreamdedupDeadLetterSpike",
         "StreamdedupRecoveryStuck",
         "StreamdedupIndexMemoryHigh",
+        "StreamdedupMemoryHigh",
+        "StreamdedupErrors",
+        "StreamdedupVerdictLatencyHigh",
+        "StreamdedupCheckLatencyHigh",
     }
     rules = alerting_rules()
     assert required <= {r["alert"] for r in rules}
+    defaults = set()
     for r in rules:
         name = r["alert"]
         assert re.fullmatch(r"\d+[smh]", r.get("for", "")), f"{name}: needs a for:"
         assert r["labels"]["severity"] in ("critical", "warning"), name
         ann = r["annotations"]
         assert ann["summary"] and ann["description"], name
-        doc, _, anchor = ann["runbook_url"].partition("#")
-        assert (ROOT / doc).resolve() == README and anchor in anchors, (
-            f"{name}: runbook_url {ann['runbook_url']} is not a heading of deploy/README.md"
+        m = RUNBOOK.fullmatch(ann["runbook_url"])
+        assert m, f"{name}: runbook_url {ann['runbook_url']!r} is not runbook_base (or the default) + #anchor"
+        defaults.add(m.group(1))
+        assert m.group(2) == name.lower() and m.group(2) in anchors, (
+            f"{name}: runbook_url's anchor #{m.group(2)} is not its heading in deploy/README.md"
         )
-        assert anchor == name.lower()
+    (default,) = defaults
+    assert default.endswith("/deploy/README.md"), default
+    for config in ("prometheus.yml", "prometheus-k8s.yml"):  # the shipped configs set the default
+        labels = yaml.safe_load((PROM_DIR / config).read_text())["global"]["external_labels"]
+        assert labels["runbook_base"] == default, config
+    assert f"runbook_base: {default}" in README.read_text(encoding="utf-8"), "the default is documented"
     recorded = {r["record"] for r in iter_rules() if "record" in r}
     for r in iter_rules():
         for metric in promql_metric_names(r["expr"]) - recorded:
@@ -647,13 +664,16 @@ def test_dashboard_has_the_panels_the_runbooks_refer_to():
         "streamdedup_consumer_lag_messages",
         "streamdedup_shard_fingerprints",
         "streamdedup_shard_bytes",
-        "process_resident_memory_bytes",
+        "streamdedup_worker_memory_bytes",
+        "streamdedup_worker_memory_limit_bytes",
+        "streamdedup_table_groups",
+        "streamdedup_check_seconds_bucket",
         "streamdedup_recovery_restored_records",
         "streamdedup_recovery_target_records",
         "streamdedup_dead_letters_total",
         "streamdedup_rebalances_total",
         "streamdedup_batch_seconds_bucket",
-        "streamdedup_match_distance_bits_bucket",
+        "streamdedup_match_distance_bucket",
         "streamdedup_index_memory_limit_bytes",
     }
     assert required - used == set()
@@ -725,10 +745,70 @@ def test_verdict_label_values_exist():
 def test_promql_lexer_finds_what_it_should():
     known = known_metrics()
     assert "streamdedup_pages_total" in known and "streamdedup_pages" not in known
-    assert "streamdedup_faust_consumer_commit_latency_bucket" in known
+    assert "streamdedup_faust_consumer_commit_latency_seconds_bucket" in known
+    assert "streamdedup_pages_created" not in known
     assert promql_metric_names(
         'histogram_quantile(0.99, sum by (stage, le) (rate(x_bucket{a="b"}[$__rate_interval])))'
     ) == {"x_bucket"}
     assert promql_metric_names("(sum(rate(a_total[1m])) or vector(0)) / sum(b_total) > 0.5e3") == {"a_total", "b_total"}
     assert promql_metric_names('absent(up{job="x"} == 1)') == {"up"}
     assert promql_label_names('sum by (instance) (a{job="x", topic!~"y"}) / on (job) b') == {"instance", "job", "topic"}
+
+
+def test_idle_panels_read_zero_not_no_data():
+    """On an idle worker rates are 0: a ratio of them and a quantile of them are NaN, which Grafana
+    shows as "No data".  Every such query has a fallback (clamp_min on the divisor, or `>= 0`
+    dropping NaN and `or` giving 0); tests/integration/test_prometheus.py checks it on a real one."""
+    for p in iter_panels(load_dashboard()["panels"]):
+        assert p["fieldConfig"]["defaults"].get("noValue") == "0", p["title"]
+        for t in p["targets"]:
+            e = " ".join(t["expr"].split())
+            if "histogram_quantile(" in e:
+                assert ">= 0) or " in e, (p["title"], t["refId"], "a quantile of zero rates is NaN")
+            if re.search(r"\)\s*/\s*(?!scalar|on)", e) and "rate(" in e:
+                assert "clamp_min(" in e, (p["title"], t["refId"], "a ratio of zero rates is NaN")
+
+
+def test_pages_not_fingerprints_and_whole_counts():
+    panels = {p["title"]: p for p in iter_panels(load_dashboard()["panels"])}
+    for title in ("Pages stored", "Pages stored per worker"):
+        (t,) = panels[title]["targets"]
+        assert "streamdedup_shard_fingerprints" in t["expr"] and "streamdedup_table_groups" in t["expr"], title
+    (t,) = panels["Match distance distribution"]["targets"]
+    assert (
+        t["expr"].startswith("round(")
+        and panels["Match distance distribution"]["fieldConfig"]["defaults"]["decimals"] == 0
+    )
+    check = panels["POST /check latency"]
+    assert {n for t in check["targets"] for n in promql_metric_names(t["expr"])} >= {
+        "streamdedup_check_seconds_bucket",
+        "streamdedup_check_seconds_count",
+    }
+    memory = " ".join(t["expr"] for t in panels["Memory per worker"]["targets"])
+    assert "streamdedup_worker_memory_bytes" in memory and "process_resident_memory_bytes" not in memory
+
+
+def test_exported_metrics_pass_promtool_check_metrics(promtool):
+    """Every metric of the worker (ours, faust's sensor, the default collectors), with a sample in
+    each label child, as a scrape would give them: `promtool check metrics` finds nothing (the
+    live scrape is checked in tests/integration/test_prometheus.py)."""
+    from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector, generate_latest
+
+    from streamdedup.stream.metrics import Metrics, faust_metrics
+
+    registry = CollectorRegistry()
+    Metrics.create(registry).configure(DEFAULTS, 16, 4)
+    faust = faust_metrics(registry)
+    faust.events_runtime_latency.observe(12.0)  # faust observes milliseconds
+    faust.messages_received_per_topics.labels(topic="pages").inc()
+    faust.table_operations.labels(table="table.shards", operation="keys_updated").inc()
+    faust.http_status_codes.labels(status_code=200).inc()
+    faust.topic_partition_end_offset.labels(topic="pages", partition=0).set(5)
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    text = generate_latest(registry).decode()
+    assert "_created" not in text
+    assert "streamdedup_faust_events_runtime_seconds_sum 0.012" in text, "milliseconds become seconds"
+    r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr

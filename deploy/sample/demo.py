@@ -7,7 +7,8 @@ crawl through them — then what a crawl operator wants to see.
    adverts, counters, timestamps, navigation and markup-only changes) with ``streamdedup produce``;
 4. reads every verdict back, prints the counts by verdict, a few near-duplicates with the page
    each one repeats, and one synchronous ``POST /check``;
-5. stops the worker and the broker (``--keep``: leaves them running, to look at /metrics).
+5. stops the worker and the broker (``--keep``, or ``make demo KEEP=1``: leaves them running, to
+   look at /metrics and read the topics; the metrics URL is printed only then, while it answers).
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def main() -> int:
         log = RUN / "worker.log"
         worker = subprocess.Popen(streamdedup + ["worker"], env=sd_env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
         wait_for(lambda: "[^Worker]: Ready" in log.read_text(errors="replace"), 90, "the worker start", log)
-        print(f"   ready; log: {log.relative_to(ROOT)}, metrics: http://127.0.0.1:{web_port}/metrics")
+        print(f"   ready; log: {log.relative_to(ROOT)}")
 
         step(f"sending the sample crawl: streamdedup produce {CRAWL.relative_to(ROOT)}")
         subprocess.run(streamdedup + ["produce", str(CRAWL)], env=sd_env, check=True)
@@ -118,9 +119,10 @@ def main() -> int:
             subprocess.run([str(KAFKA_SH), "clean"], env=kafka_env, capture_output=True)
     print(
         "\nTry it on your own crawl: start a worker against your cluster, then\n"
-        "  .venv/bin/streamdedup produce your-crawl.warc.gz --brokers HOST:9092\n"
-        "  .venv/bin/streamdedup verdicts --brokers HOST:9092\n"
-        "or judge a file without Kafka:  .venv/bin/streamdedup scan your-crawl.warc.gz"
+        "  .venv/bin/streamdedup produce your-crawl.warc.gz --brokers HOST:PORT\n"
+        "  .venv/bin/streamdedup verdicts --brokers HOST:PORT --from-beginning\n"
+        "or judge a file without Kafka:  .venv/bin/streamdedup scan your-crawl.warc.gz\n"
+        "(make demo KEEP=1 leaves this demo's broker and worker running.)"
     )
     return 0
 
@@ -155,9 +157,21 @@ def summarize(verdicts: list[dict]) -> None:
     )
     dups = [v for v in verdicts if v["verdict"] == "near_duplicate"]
     shown = [v for v in dups if "?variant=" in v["url"]][:4] + [v for v in dups if "?variant=" not in v["url"]][:3]
+    apart = [v for v in dups if v["distance"]][:2]  # and a couple that are not exact copies, if any
+    shown = [v for v in shown if v not in apart][: len(shown) - len(apart)] + apart
     print("\nSome near-duplicates and the earlier page each one repeats:")
     for v in shown:
-        print(f"  {v['url']}\n      = {v['match_url']}  ({v['distance']} bits apart)")
+        print(f"  {v['url']}\n      = {v['match_url']}  ({bits_apart(v['distance'])})")
+
+
+def bits_apart(distance: int) -> str:
+    """
+    >>> bits_apart(0), bits_apart(1), bits_apart(3)
+    ('identical fingerprints', '1 bit apart', '3 bits apart')
+    """
+    if distance == 0:
+        return "identical fingerprints"
+    return f"{distance} bit{'s' if distance != 1 else ''} apart"
 
 
 def check(web_port: int, verdicts: list[dict]) -> None:

@@ -1,7 +1,8 @@
 """``streamdedup produce`` and ``streamdedup verdicts``: the crawler's side of the stream worker.
 
-Both take every setting (``--brokers``, the topic names, the security options, ``STREAMDEDUP_*``);
-they are registered on the ``main`` group by ``streamdedup.cli``.
+Both take the connection settings (``--brokers``, the security options) and their own topics,
+as flags or ``STREAMDEDUP_*`` variables; they are registered on the ``main`` group by
+``streamdedup.cli``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import BinaryIO
 import click
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError, RecordListTooLargeError
 
-from streamdedup.cli.options import settings_from_click, settings_options
+from streamdedup.cli.options import PRODUCE, VERDICTS, settings_from_click, settings_options
 from streamdedup.crawler.client import OutputConsumer, OutputRecord, PageProducer, VerdictConsumer, VerdictRecord
 from streamdedup.engine.records import Page, read_pages, read_warc, sniff_format
 from streamdedup.errors import ClientError, RecordError
@@ -70,7 +71,13 @@ class ProduceReport:
         return line
 
 
-@click.command()
+@click.command(
+    short_help="Send pages (WARC or JSON lines) to the pages topic.",
+    epilog="""\b
+Examples:
+  streamdedup produce crawl-*.warc.gz --brokers kafka:9092
+  zcat pages.jsonl.gz | streamdedup produce - --pages-topic crawl.pages""",
+)
 @click.argument(
     "files",
     metavar="FILE...",
@@ -86,7 +93,10 @@ class ProduceReport:
     help="auto: by the file name, then the first bytes (stdin: JSON lines).",
 )
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
-@settings_options
+@settings_options(
+    only=PRODUCE,
+    help={"max_page_bytes": "Larger pages are reported and not sent (set it as the worker's, which refuses them)."},
+)
 def produce(files: tuple[Path, ...], input_format: str, progress: bool | None, **params: object) -> None:
     """Send the pages of FILE... to the pages topic, for the stream worker to judge.
 
@@ -212,7 +222,14 @@ TOPICS = {
 }
 
 
-@click.command()
+@click.command(
+    short_help="Print the worker's verdicts (or its routed pages, or dead letters).",
+    epilog="""\b
+Examples:
+  streamdedup verdicts --brokers kafka:9092 --from-beginning
+  streamdedup verdicts --topic dead-letter --from-beginning --max 10
+  streamdedup verdicts --format json --timeout 30 > verdicts.jsonl""",
+)
 @click.option(
     "--topic",
     "which",
@@ -239,7 +256,7 @@ TOPICS = {
     metavar="SECONDS",
     help="Stop after SECONDS without a new record.",
 )
-@settings_options
+@settings_options(only=VERDICTS)
 def verdicts(
     which: str, fmt: str, from_beginning: bool, max_records: int | None, timeout: float | None, **params: object
 ) -> None:

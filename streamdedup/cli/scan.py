@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import gzip
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, BinaryIO, cast
 
 import click
 
 from streamdedup.engine.dedup import ALGORITHMS, Deduplicator
-from streamdedup.engine.records import DEFAULT_MAX_PAGE_BYTES, read_jsonl, read_pages
+from streamdedup.engine.records import DEFAULT_MAX_PAGE_BYTES, read_jsonl, read_warc, sniff_format
 from streamdedup.engine.scan import report_bad, scan_pages
 from streamdedup.index.tables import DESIGNS
 
@@ -25,7 +29,14 @@ def _check_threshold(ctx: click.Context, param: click.Parameter, value: float) -
     return value
 
 
-@click.command()
+@click.command(
+    short_help="Judge a file of pages (WARC or JSON lines) without Kafka.",
+    epilog="""\b
+Examples:
+  streamdedup scan crawl.warc.gz -o verdicts.jsonl
+  streamdedup scan pages.jsonl --algorithm minhash --threshold 0.9
+  cat pages.jsonl | streamdedup scan - > verdicts.jsonl""",
+)
 @click.argument("input", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path))
 @click.option(
     "--output",
@@ -35,7 +46,16 @@ def _check_threshold(ctx: click.Context, param: click.Parameter, value: float) -
     show_default=True,
     help="Where to write verdict JSON lines.",
 )
-@click.option("--algorithm", "-a", type=click.Choice(ALGORITHMS), default="simhash", show_default=True)
+@click.option(
+    "--algorithm",
+    "-a",
+    type=click.Choice(ALGORITHMS),
+    default="simhash",
+    show_default=True,
+    help="simhash: 64-bit fingerprints, near-duplicates within --k bits (fast, the worker's test); "
+    "minhash: estimated resemblance of word trigrams over --threshold (better recall); "
+    "combined: simhash candidates confirmed by MinHash.",
+)
 @click.option(
     "--k",
     "-k",
@@ -66,9 +86,28 @@ def _check_threshold(ctx: click.Context, param: click.Parameter, value: float) -
     show_default=True,
     help="minhash/combined: hash functions per signature.",
 )
-@click.option("--input-format", type=click.Choice(["auto", "jsonl", "warc"]), default="auto", show_default=True)
-@click.option("--batch-size", type=click.IntRange(1, 100_000), default=256, show_default=True)
-@click.option("--max-page-bytes", type=click.IntRange(1), default=DEFAULT_MAX_PAGE_BYTES, show_default=True)
+@click.option(
+    "--input-format",
+    type=click.Choice(["auto", "jsonl", "warc"]),
+    default="auto",
+    show_default=True,
+    help='jsonl: one {"url", "content", ...} object per line (gzip too); warc: WARC / WARC.gz '
+    "response records; auto: by the file name, then the first bytes (stdin: jsonl).",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(1, 100_000),
+    default=256,
+    show_default=True,
+    help="Pages fingerprinted and judged together; larger is faster, up to a point, and holds more pages in memory.",
+)
+@click.option(
+    "--max-page-bytes",
+    type=click.IntRange(1),
+    default=DEFAULT_MAX_PAGE_BYTES,
+    show_default=True,
+    help="Larger pages are skipped and reported as too_large.",
+)
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
 def scan(
     input: Path,
@@ -93,17 +132,15 @@ def scan(
         dedup = Deduplicator(algorithm, k=k, design=design, threshold=threshold, num_perm=num_perm)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
-    if str(input) == "-":
-        if input_format == "warc":
-            raise click.BadParameter("WARC input must be a file", param_hint="--input-format")
-        records = read_jsonl(sys.stdin.buffer, max_page_bytes)
-    else:
-        records = read_pages(input, input_format, max_page_bytes)
+    if str(input) == "-" and input_format == "warc":
+        raise click.BadParameter("WARC input must be a file", param_hint="--input-format")
     show = sys.stderr.isatty() if progress is None else progress
     out = sys.stdout if str(output) == "-" else output.open("w", encoding="utf-8")
     try:
-        with _progress(show, input) as bar:
-            summary = scan_pages(records, dedup, out, batch_size, report_bad, on_progress=lambda n: bar.update(n))
+        with _records(input, input_format, max_page_bytes) as (records, position), _progress(show, input) as bar:
+            summary = scan_pages(
+                records, dedup, out, batch_size, report_bad, on_progress=lambda n: bar.advance(n, position())
+            )
     finally:
         if out is not sys.stdout:
             out.close()
@@ -117,15 +154,61 @@ def scan(
     )
 
 
-def _progress(show: bool, input: Path):
-    from tqdm import tqdm
+@contextmanager
+def _records(input: Path, fmt: str, max_page_bytes: int) -> Iterator[tuple[Any, Callable[[], int | None]]]:
+    """The numbered records of INPUT, and a function giving the bytes of the file read so far
+    (None for stdin).  The file is opened here rather than by ``read_pages`` so that its raw
+    position -- compressed bytes for a .gz -- drives the progress bar's total and ETA."""
+    if str(input) == "-":
+        yield read_jsonl(sys.stdin.buffer, max_page_bytes), lambda: None
+        return
+    fmt = sniff_format(input) if fmt == "auto" else fmt
+    with input.open("rb") as raw:
+        zipped = raw.read(2) == b"\x1f\x8b"
+        raw.seek(0)
+        if fmt == "warc":  # warcio reads WARC.gz members itself
+            yield read_warc(raw, max_page_bytes), raw.tell
+        else:
+            with gzip.GzipFile(fileobj=raw) if zipped else raw as stream:
+                yield read_jsonl(cast(BinaryIO, stream), max_page_bytes), raw.tell
 
-    # Counted in pages; a file's page count is unknown until it is read, so no total.
-    return tqdm(
-        disable=not show,
-        unit=" pages",
-        desc=str(input.name or "stdin"),
-        file=sys.stderr,
-        dynamic_ncols=True,
-        smoothing=0.1,
-    )
+
+class _Bar:
+    """tqdm over the file's bytes (total and ETA) with the records read as a postfix; over
+    records for stdin, whose size is unknown."""
+
+    def __init__(self, show: bool, input: Path) -> None:
+        from tqdm import tqdm
+
+        self.size = input.stat().st_size if str(input) != "-" and input.is_file() else None
+        self.pages = 0
+        self.tqdm = tqdm(
+            disable=not show,
+            total=self.size,
+            unit="B" if self.size else " pages",
+            unit_scale=bool(self.size),
+            desc=str(input.name or "stdin"),
+            file=sys.stderr,
+            dynamic_ncols=True,
+            smoothing=0.1,
+        )
+
+    def advance(self, pages: int, position: int | None) -> None:
+        self.pages += pages
+        if self.size is None or position is None:
+            self.tqdm.update(pages)
+        else:
+            self.tqdm.update(min(position, self.size) - self.tqdm.n)
+            self.tqdm.set_postfix_str(f"{self.pages} records", refresh=False)
+
+    def __enter__(self) -> _Bar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.size is not None and exc[0] is None:
+            self.tqdm.update(self.size - self.tqdm.n)  # the reader may stop short of the last bytes' tell()
+        self.tqdm.close()
+
+
+def _progress(show: bool, input: Path) -> _Bar:
+    return _Bar(show, input)

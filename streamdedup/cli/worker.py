@@ -8,7 +8,15 @@ from streamdedup.cli.options import settings_from_click, settings_options
 from streamdedup.errors import TopicError
 
 
-@click.command()
+@click.command(
+    short_help="Run a stream worker of the consumer group (judges the pages topic).",
+    epilog="""/metrics (Prometheus) and POST /check are served on --web-host:--web-port.
+
+\b
+Examples:
+  streamdedup worker --brokers kafka-1:9092,kafka-2:9092 --partitions 8
+  STREAMDEDUP_BROKERS=kafka:9092 STREAMDEDUP_DATA_DIR=/var/lib/streamdedup streamdedup worker""",
+)
 @settings_options
 def worker(**params) -> None:
     """Run a stream worker: judge the pages topic, route pages to the unique, near-duplicate,

@@ -25,7 +25,9 @@ How: aiokafka runs on its own asyncio event loop in a background thread.  So the
 under any Twisted reactor, asyncio or not, and Kafka never runs on the crawl's loop.  Sends are
 batched by the producer; when :data:`MAX_PENDING` pages are in flight the crawl waits for Kafka
 (backpressure instead of unbounded memory).  Closing the spider waits until every page is
-delivered.  Crawl stats: ``streamdedup/pages_sent``, ``streamdedup/bytes_sent``,
+delivered.  Logging: aiokafka's loggers are kept at WARNING (at DEBUG, Scrapy's default log level,
+its producer logs every record it sends, page content and all) unless
+``STREAMDEDUP_LOG_LEVEL = "debug"`` asks for them, as the ``streamdedup`` commands do.  Crawl stats: ``streamdedup/pages_sent``, ``streamdedup/bytes_sent``,
 ``streamdedup/bad/<reason>`` (pages not sent), ``streamdedup/failed`` (delivery errors; the
 first one is logged).
 """
@@ -48,14 +50,26 @@ from streamdedup.engine.records import Page
 from streamdedup.errors import RecordError
 from streamdedup.settings import ENV_PREFIX, Settings
 
-__all__ = ["MAX_PENDING", "StreamdedupPipeline"]
+__all__ = ["MAX_PENDING", "StreamdedupPipeline", "quiet_kafka_logs"]
 
 #: Pages handed to Kafka and not yet acknowledged, at most.
 MAX_PENDING = 1000
 #: Seconds to wait for the producer to start (its own connect and topic checks come first) or drain.
 WAIT = 120.0
+#: The loggers kept quiet unless STREAMDEDUP_LOG_LEVEL is debug.
+KAFKA_LOGGERS = ("aiokafka",)
 
 log = logging.getLogger(__name__)
+
+
+def quiet_kafka_logs(settings: Settings) -> None:
+    """aiokafka logs at WARNING and above, or at ``settings.log_level`` if that is higher; at
+    every level with ``log_level == "debug"`` (then nothing is changed)."""
+    if settings.log_level == "debug":
+        return
+    level = max(logging.WARNING, logging.getLevelName(settings.log_level.upper()))
+    for name in KAFKA_LOGGERS:
+        logging.getLogger(name).setLevel(level)
 
 
 class StreamdedupPipeline:
@@ -63,6 +77,7 @@ class StreamdedupPipeline:
 
     def __init__(self, settings: Settings, stats: Any) -> None:
         self.settings, self.stats = settings, stats
+        quiet_kafka_logs(settings)
         self._slots = threading.BoundedSemaphore(MAX_PENDING)
         self._bad: Counter[str] = Counter()  # (_bad and _failed change on the Kafka thread only)
         self._failed = 0

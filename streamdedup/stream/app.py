@@ -22,7 +22,6 @@ from typing import Any
 
 import faust
 import numpy as np
-from faust.sensors.prometheus import setup_prometheus_sensors
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from streamdedup.index.hamming import HammingIndex
@@ -35,7 +34,7 @@ from streamdedup.settings import Settings
 from streamdedup.stream.check import check
 from streamdedup.stream.connection import faust_broker_url, faust_credentials
 from streamdedup.stream.gauges import Gauges
-from streamdedup.stream.metrics import FAUST_PREFIX, Metrics
+from streamdedup.stream.metrics import Metrics, setup_faust_sensor
 from streamdedup.stream.outbox import Outbox, latency_seconds
 from streamdedup.stream.pool import fingerprint_pool
 from streamdedup.stream.store import SCHEME, ShardStore
@@ -78,8 +77,7 @@ class Worker:
         self.pending = Pending(self.plan.n_groups)
         self.metrics = Metrics.create(self.registry)
         self.gauges = Gauges(self.metrics)
-        self.metrics.index_memory_limit.set(s.index_memory_limit)
-        self.metrics.info.labels(s.app_id, s.algorithm, str(s.k), s.design or "default", str(s.partitions)).set(1)
+        self.metrics.configure(s, len(self.plan.design.keys), self.plan.n_groups)
         self.topics = Topics(s.unique_topic, s.near_duplicate_topic, s.verdicts_topic, s.dead_letter_topic)
         self.outbox = Outbox(
             s,
@@ -134,7 +132,7 @@ class Worker:
             producer_max_request_size=max(1_048_576, 2 * s.max_page_bytes),
             consumer_max_fetch_size=max(1_048_576, 2 * s.max_page_bytes),
         )
-        setup_prometheus_sensors(app, registry=self.registry, name_prefix=FAUST_PREFIX)
+        setup_faust_sensor(app, self.registry)
         pages = app.topic(s.pages_topic, partitions=s.partitions, **RAW)
         self.probes_topic = app.topic(names["probes"], partitions=s.partitions, internal=True, **RAW)
         self.answers_topic = app.topic(names["answers"], partitions=s.partitions, internal=True, **RAW)

@@ -6,6 +6,7 @@ that cannot be reached stops the crawl with a message."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from datetime import datetime
@@ -40,6 +41,7 @@ class SiteSpider(scrapy.Spider):
 
 
 def _crawl(tmp_path: Path, base_url: str, *settings: str, paths: str = "/") -> subprocess.CompletedProcess:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "spider.py").write_text(SPIDER)
     args = [
         sys.executable,
@@ -130,3 +132,26 @@ def test_a_scrapy_crawl_through_a_worker_flags_the_near_duplicates(kafka, tmp_pa
         assert verdicts[flagged[0]]["match_id"] == other and verdicts[flagged[0]]["distance"] <= 3
     in_pairs = set().union(*pairs)
     assert all(v["verdict"] == "unique" for u, v in verdicts.items() if u not in in_pairs)
+
+
+#: In every article's body (its footer), never in Scrapy's own log lines.
+BODY_TEXT = "all rights reserved"
+
+
+def test_a_default_crawl_logs_no_page_content(kafka, tmp_path):
+    """Scrapy's default LOG_LEVEL is DEBUG; aiokafka's producer logs every record at DEBUG.  The
+    pipeline keeps the aiokafka loggers at WARNING unless STREAMDEDUP_LOG_LEVEL=debug asks."""
+    topic = kafka.create_topic(unique_name("scrapy-quiet"), partitions=1)
+    settings = (f"STREAMDEDUP_BROKERS={kafka.bootstrap}", f"STREAMDEDUP_PAGES_TOPIC={topic}")
+    with serve_site(dedup_site()) as base_url:
+        quiet = _crawl(tmp_path / "quiet", base_url, *settings)
+        loud = _crawl(tmp_path / "loud", base_url, *settings, "STREAMDEDUP_LOG_LEVEL=debug")
+    assert quiet.returncode == 0 and loud.returncode == 0, quiet.stderr[-3000:] + loud.stderr[-3000:]
+    assert len(html_urls(dedup_site(), base_url)) <= int(
+        re.findall(r"'streamdedup/pages_sent': (\d+)", quiet.stderr)[0]
+    )
+    assert "DEBUG: Crawled (200)" in quiet.stderr  # Scrapy's own DEBUG log is untouched
+    assert BODY_TEXT not in quiet.stderr
+    assert not [line for line in quiet.stderr.splitlines() if "[aiokafka" in line and "DEBUG" in line]
+    assert [line for line in loud.stderr.splitlines() if "[aiokafka" in line and "DEBUG" in line], "asked for"
+    assert len(quiet.stderr) < len(loud.stderr) / 2
