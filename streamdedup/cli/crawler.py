@@ -8,6 +8,7 @@ as flags or ``STREAMDEDUP_*`` variables; they are registered on the ``main`` gro
 from __future__ import annotations
 
 import asyncio
+import functools
 import gzip
 import json
 import logging
@@ -18,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, cast
 
 import click
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError, RecordListTooLargeError
@@ -154,7 +155,7 @@ async def _send_files(
                     except RecordError as e:
                         _skip(report, bar, where, e.reason, str(e))
                     else:
-                        delivery.add_done_callback(lambda f, w=where: _delivered(report, bar, w, f))
+                        delivery.add_done_callback(functools.partial(_delivered, report, bar, where))
                     bar.update()
                     if count % 64 == 0:
                         await asyncio.sleep(0)  # let the sender task run while batches fill
@@ -181,11 +182,12 @@ def _read(path: Path, fmt: str, max_bytes: int) -> Iterator[tuple[int, Page | Re
     else:
         with path.open("rb") as f:
             zipped = f.read(2) == b"\x1f\x8b"
-        with gzip.open(path, "rb") if zipped else path.open("rb") as f:
+        opened = cast(IO[bytes], gzip.open(path, "rb") if zipped else path.open("rb"))
+        with opened as f:
             yield from _lines(f)
 
 
-def _lines(stream: BinaryIO) -> Iterator[tuple[int, bytes]]:
+def _lines(stream: IO[bytes]) -> Iterator[tuple[int, bytes]]:
     for number, line in enumerate(stream, start=1):
         if line.strip():
             yield number, line.rstrip(b"\r\n")

@@ -270,7 +270,8 @@ class VerdictRecord:
         data = json.loads(raw)
         if not isinstance(data, dict) or not all(isinstance(data.get(k), str) for k in ("id", "url", "verdict")):
             raise ValueError("no id, url and verdict")
-        return cls(**{f.name: data.get(f.name) for f in fields(cls)})
+        values: dict[str, Any] = {f.name: data.get(f.name) for f in fields(cls)}
+        return cls(**values)
 
 
 @dataclass(frozen=True, slots=True)

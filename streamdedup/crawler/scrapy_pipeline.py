@@ -35,6 +35,7 @@ first one is logged).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 from collections import Counter
@@ -97,14 +98,14 @@ class StreamdedupPipeline:
         self._thread = threading.Thread(target=self._loop.run_forever, name="streamdedup-kafka", daemon=True)
         self._thread.start()
         try:
-            asyncio.run_coroutine_threadsafe(self._producer.start(), self._loop).result(WAIT)
+            asyncio.run_coroutine_threadsafe(self._producer.start(), self._running_loop()).result(WAIT)
         except BaseException:
             self._stop_loop()
             raise
 
     def close_spider(self, spider: Any = None) -> None:
         try:
-            asyncio.run_coroutine_threadsafe(self._producer.stop(), self._loop).result(WAIT)
+            asyncio.run_coroutine_threadsafe(self._producer.stop(), self._running_loop()).result(WAIT)
         finally:
             self._stop_loop()
         p = self._producer
@@ -139,11 +140,16 @@ class StreamdedupPipeline:
             datetime.now(UTC).isoformat(timespec="milliseconds"),
         )
         self._slots.acquire()  # blocks the crawl while MAX_PENDING pages are in flight
-        sent = asyncio.run_coroutine_threadsafe(self._send(page), self._loop)
-        sent.add_done_callback(lambda f, url=response.url: self._done(f, url))
+        sent = asyncio.run_coroutine_threadsafe(self._send(page), self._running_loop())
+        sent.add_done_callback(functools.partial(self._done, url=response.url))
 
     async def _send(self, page: Page) -> None:
         await (await self._producer.send(page))  # queued, then delivered
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            raise RuntimeError("the pipeline's Kafka thread is not running (open_spider was not called)")
+        return self._loop
 
     def _done(self, sent: Future, url: str) -> None:  # on the Kafka thread
         self._slots.release()

@@ -19,7 +19,7 @@ class GrowingArray:
     __slots__ = ("_buf", "n")
 
     def __init__(self, dtype: type, row_shape: tuple[int, ...] = ()) -> None:
-        self._buf = np.empty((64, *row_shape), dtype=dtype)
+        self._buf: np.ndarray = np.empty((64, *row_shape), dtype=dtype)
         self.n = 0
 
     def __len__(self) -> int:

@@ -60,7 +60,7 @@ class Metrics:
 
     @classmethod
     def create(cls, registry: CollectorRegistry = REGISTRY) -> Metrics:
-        r = {"registry": registry}
+        r: dict[str, Any] = {"registry": registry}
         return cls(
             pages=Counter("streamdedup_pages", "Records read from the pages topic (good and bad).", **r),
             verdicts=Counter("streamdedup_verdicts", "Verdicts sent, by kind.", ["verdict"], **r),
@@ -207,7 +207,7 @@ def faust_metrics(registry: CollectorRegistry = REGISTRY, prefix: str = FAUST_PR
     ``total_`` prefix, and the rebalance gauges named for what they count (in progress)."""
     from faust.sensors.prometheus import FaustMetrics
 
-    r = {"registry": registry}
+    r: dict[str, Any] = {"registry": registry}
 
     def seconds(name: str, help: str) -> Histogram:
         return MillisecondsHistogram(f"{prefix}_{name}_seconds", help, buckets=FAUST_SECONDS_BUCKETS, **r)
