@@ -140,8 +140,8 @@ def test_stdin_and_stdout(tmp_path):
     "args, message",
     [
         (["--k", "40"], "use a small number of bits"),
-        (["--threshold", "1.5"], "between 0 and 1"),
-        (["--algorithm", "lsh"], "'simhash', 'minhash', 'combined'"),
+        (["--threshold", "1.5"], "use a similarity such as 0.8"),
+        (["--algorithm", "lsh"], "not one of simhash|minhash|combined"),
         (["--k", "2", "--design", "20"], "named designs are for k=3"),
         (["--input-format", "pdf"], "'auto', 'jsonl', 'warc'"),
     ],

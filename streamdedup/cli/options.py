@@ -31,7 +31,7 @@ import click
 from streamdedup.errors import SettingsError
 from streamdedup.settings import Settings
 
-__all__ = ["CONNECTION", "PRODUCE", "VERDICTS", "settings_from_click", "settings_options"]
+__all__ = ["CONNECTION", "PRODUCE", "SCAN", "VERDICTS", "settings_from_click", "settings_options"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -52,6 +52,8 @@ CONNECTION = (
 )
 #: ``streamdedup produce``: the pages topic, and the size limit it checks before sending.
 PRODUCE = CONNECTION + ("pages_topic", "max_page_bytes")
+#: ``streamdedup scan``: the algorithm and its parameters, and the batch and page size limits.
+SCAN = ("algorithm", "k", "design", "threshold", "num_perm", "max_page_bytes", "batch_size")
 #: ``streamdedup verdicts``: the output topics it reads.
 VERDICTS = CONNECTION + ("verdicts_topic", "unique_topic", "near_duplicate_topic", "dead_letter_topic")
 

@@ -11,22 +11,20 @@ from typing import Any, BinaryIO, cast
 
 import click
 
-from streamdedup.engine.dedup import ALGORITHMS, Deduplicator
-from streamdedup.engine.records import DEFAULT_MAX_PAGE_BYTES, read_jsonl, read_warc, sniff_format
+from streamdedup.cli.options import SCAN, settings_from_click, settings_options
+from streamdedup.engine.dedup import Deduplicator
+from streamdedup.engine.records import read_jsonl, read_warc, sniff_format
 from streamdedup.engine.scan import report_bad, scan_pages
-from streamdedup.index.tables import DESIGNS
 
-
-def _check_k(ctx: click.Context, param: click.Parameter, value: int) -> int:
-    if not 0 <= value <= 16:
-        raise click.BadParameter(f"{value} is out of range; use a small number of bits such as 3 (0..16)")
-    return value
-
-
-def _check_threshold(ctx: click.Context, param: click.Parameter, value: float) -> float:
-    if not 0.0 < value < 1.0:
-        raise click.BadParameter(f"{value} is not a similarity; use a value between 0 and 1, e.g. 0.8")
-    return value
+#: What scan's settings mean for a file (the same checks and messages as the worker's).
+SCAN_HELP = {
+    "algorithm": "simhash: 64-bit fingerprints, near-duplicates within --k bits (fast, the worker's test); "
+    "minhash: estimated resemblance of word trigrams over --threshold (better recall); "
+    "combined: simhash candidates confirmed by MinHash.",
+    "batch_size": "Pages fingerprinted and judged together; larger is faster, up to a point, and holds more "
+    "pages in memory.",
+    "max_page_bytes": "Larger pages are skipped and reported as too_large.",
+}
 
 
 @click.command(
@@ -47,46 +45,6 @@ Examples:
     help="Where to write verdict JSON lines.",
 )
 @click.option(
-    "--algorithm",
-    "-a",
-    type=click.Choice(ALGORITHMS),
-    default="simhash",
-    show_default=True,
-    help="simhash: 64-bit fingerprints, near-duplicates within --k bits (fast, the worker's test); "
-    "minhash: estimated resemblance of word trigrams over --threshold (better recall); "
-    "combined: simhash candidates confirmed by MinHash.",
-)
-@click.option(
-    "--k",
-    "-k",
-    type=int,
-    default=3,
-    show_default=True,
-    callback=_check_k,
-    help="simhash: pages within k bits are near-duplicates.",
-)
-@click.option(
-    "--design",
-    type=click.Choice(sorted(DESIGNS, key=int)),
-    default=None,
-    help="Manku table design for k=3 (number of tables); default 16.",
-)
-@click.option(
-    "--threshold",
-    type=float,
-    default=0.8,
-    show_default=True,
-    callback=_check_threshold,
-    help="minhash/combined: resemblance needed for a near-duplicate.",
-)
-@click.option(
-    "--num-perm",
-    type=click.IntRange(16, 1024),
-    default=128,
-    show_default=True,
-    help="minhash/combined: hash functions per signature.",
-)
-@click.option(
     "--input-format",
     type=click.Choice(["auto", "jsonl", "warc"]),
     default="auto",
@@ -94,52 +52,24 @@ Examples:
     help='jsonl: one {"url", "content", ...} object per line (gzip too); warc: WARC / WARC.gz '
     "response records; auto: by the file name, then the first bytes (stdin: jsonl).",
 )
-@click.option(
-    "--batch-size",
-    type=click.IntRange(1, 100_000),
-    default=256,
-    show_default=True,
-    help="Pages fingerprinted and judged together; larger is faster, up to a point, and holds more pages in memory.",
-)
-@click.option(
-    "--max-page-bytes",
-    type=click.IntRange(1),
-    default=DEFAULT_MAX_PAGE_BYTES,
-    show_default=True,
-    help="Larger pages are skipped and reported as too_large.",
-)
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
-def scan(
-    input: Path,
-    output: Path,
-    algorithm: str,
-    k: int,
-    design: str | None,
-    threshold: float,
-    num_perm: int,
-    input_format: str,
-    batch_size: int,
-    max_page_bytes: int,
-    progress: bool | None,
-) -> None:
+@settings_options(only=SCAN, help=SCAN_HELP)
+def scan(input: Path, output: Path, input_format: str, progress: bool | None, **params: Any) -> None:
     """Judge every page of INPUT (JSON lines or WARC, '-' for JSON lines on stdin) against
     all earlier pages, and write one verdict per page as a JSON line."""
-    if design is not None and k != 3:
-        raise click.BadParameter("named designs are for k=3; drop --design or use --k 3", param_hint="--design")
+    settings = settings_from_click(params)  # the worker's checks and messages
     if str(input) != "-" and not input.exists():
         raise click.BadParameter(f"{input} does not exist", param_hint="INPUT")
-    try:
-        dedup = Deduplicator(algorithm, k=k, design=design, threshold=threshold, num_perm=num_perm)
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
+    s = settings
+    dedup = Deduplicator(s.algorithm, k=s.k, design=s.design, threshold=s.threshold, num_perm=s.num_perm)
     if str(input) == "-" and input_format == "warc":
         raise click.BadParameter("WARC input must be a file", param_hint="--input-format")
     show = sys.stderr.isatty() if progress is None else progress
     out = sys.stdout if str(output) == "-" else output.open("w", encoding="utf-8")
     try:
-        with _records(input, input_format, max_page_bytes) as (records, position), _progress(show, input) as bar:
+        with _records(input, input_format, s.max_page_bytes) as (records, position), _progress(show, input) as bar:
             summary = scan_pages(
-                records, dedup, out, batch_size, report_bad, on_progress=lambda n: bar.advance(n, position())
+                records, dedup, out, s.batch_size, report_bad, on_progress=lambda n: bar.advance(n, position())
             )
     finally:
         if out is not sys.stdout:
