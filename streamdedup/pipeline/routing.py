@@ -24,14 +24,20 @@ import json
 from dataclasses import dataclass
 
 from streamdedup.engine.dedup import Verdict
+from streamdedup.engine.records import MAX_ID_BYTES, MAX_URL_BYTES
 from streamdedup.fingerprinting.simhash import to_hex
 from streamdedup.pipeline.pending import Waiting
 
-__all__ = ["HEADER_PREFIX", "TRUNCATED_BYTES", "Topics", "Output", "outputs", "verdict_record"]
+__all__ = ["HEADER_PREFIX", "TRUNCATED_BYTES", "OUTPUT_OVERHEAD_BYTES", "Topics", "Output", "outputs", "verdict_record"]
 
 HEADER_PREFIX = "streamdedup-"
 #: How much of a refused dead letter's value is kept (shrink level 1).
 TRUNCATED_BYTES = 64 * 1024
+#: What a page's copy on an output topic may add to the page itself: the key (its id), the
+#: match's id and URL headers, the fixed headers, the record and batch framing.  Input
+#: headers are not bounded here; a page with huge ones is refused by the topic and becomes a
+#: ``too_large_for_topic`` dead letter.
+OUTPUT_OVERHEAD_BYTES = MAX_ID_BYTES + MAX_ID_BYTES + MAX_URL_BYTES + 4096
 
 
 @dataclass(frozen=True)

@@ -228,13 +228,16 @@ class Outbox:
                     except RECORD_ERRORS as e:  # refused before it left (over max_request_size)
                         refused[w.offset] = f"{type(e).__name__} on {o.topic}"
             results = await asyncio.gather(*(f for _, _, f in sends), return_exceptions=True)
+            other: BaseException | None = None
             for (offset, topic, _), result in zip(sends, results):
                 if isinstance(result, RECORD_ERRORS):
                     refused.setdefault(offset, f"{type(result).__name__} on {topic}")
-                elif isinstance(result, BaseException):
-                    raise result
-            if refused:
+                elif isinstance(result, BaseException) and other is None:
+                    other = result
+            if refused:  # first: the sends after a refused one fail too (OutOfOrderSequenceNumber)
                 raise RecordsRefused(refused)
+            if other is not None:
+                raise other
             await producer.send_offsets_to_transaction(
                 {TopicPartition(self.settings.pages_topic, partition): ready[-1].offset + 1}, self.settings.app_id
             )
