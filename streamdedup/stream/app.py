@@ -210,6 +210,7 @@ class Worker:
 
             async def post(self, request):
                 t0 = time.perf_counter()
+                unread = True  # the body is not read: answer and close rather than read it to discard it
                 if (busy := checker.busy()) is not None:  # before reading a body it would not judge
                     status, payload, headers = busy
                 else:
@@ -217,9 +218,13 @@ class Worker:
                     if too_large is not None:
                         status, payload, headers = 413, too_large, {}
                     else:
+                        unread = False
                         status, payload, headers = await checker.check(body)
                 metrics.check_seconds.labels(str(status)).observe(time.perf_counter() - t0)
-                return self.json(payload, status=status, headers=headers or None)
+                response = self.json(payload, status=status, headers=headers or None)
+                if unread:
+                    response.force_close()
+                return response
 
             async def head(self, request):
                 return self.bytes(b"", content_type="application/json", headers={"Allow": "HEAD, POST"})
