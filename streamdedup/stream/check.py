@@ -146,9 +146,12 @@ class Checker:
                 {"Retry-After": str(RETRY_AFTER_SECONDS)},
             )
         done: asyncio.Future = loop.create_future()
-        request = self.pending.add_check(
-            judged.page_id, judged.url, judged.fingerprint, lambda w: done.done() or done.set_result(w)
-        )
+
+        def answered(w) -> None:
+            if not done.done():
+                done.set_result(w)
+
+        request = self.pending.add_check(judged.page_id, judged.url, judged.fingerprint, answered)
         try:
             batches = probe_batches(
                 self.plan,
