@@ -22,6 +22,8 @@ __all__ = ["StreamdedupError", "RecordError", "SettingsError", "ClientError", "T
 
 #: Every reason a record can be rejected for (a metric label and a dead-letter header value).
 #: ``empty``, ``binary``, ``not_text`` and ``unparsable`` come from the text extractor,
+#: ``too_long`` is an id or URL over its limit (they travel inside the worker's internal messages),
+#: ``too_large_for_topic`` a page whose output the topic refused (its ``max.message.bytes``),
 #: ``internal_error`` from a worker bug (the record is kept on the dead-letter topic, not lost).
 REASONS = (
     "not_utf8",
@@ -31,6 +33,8 @@ REASONS = (
     "bad_field",
     "empty",
     "too_large",
+    "too_long",
+    "too_large_for_topic",
     "not_text",
     "binary",
     "undecodable",

@@ -98,3 +98,90 @@ def test_gzipped_jsonl(tmp_path):
     path = tmp_path / "pages.jsonl.gz"
     path.write_bytes(gzip.compress(b'{"url": "a", "content": "x"}\n'))
     assert [p.id for _, p in read_pages(path)] == ["a"]
+
+
+# ---------------------------------------------------------------- hostile records (issue 15)
+
+
+def _record(**fields) -> bytes:
+    return json.dumps({"url": "http://a/", "content": "<p>some words</p>", **fields}).encode()
+
+
+@pytest.mark.parametrize(
+    "raw, reason",
+    [
+        (b"[" * 200_000 + b"]" * 200_000, "not_json"),  # was RecursionError -> internal_error
+        (b'{"url": "http://a/", "content": "x", "d": ' + b"[" * 65 + b"]" * 65 + b"}", "not_json"),
+        (b'{"url": "http://a/", "content": "x", "n": ' + b"9" * 5000 + b"}", "bad_field"),  # int digit limit
+        (b'{"url": "http://a/", "content": "x", "n": -' + b"9" * 101 + b"}", "bad_field"),
+        (b'{"id": "sur\\ud800", "url": "http://a/", "content": "x"}', "bad_field"),
+        (b'{"url": "http://a/\\udfff", "content": "x"}', "bad_field"),
+        (b'{"url": "http://a/", "content": "x", "fetched_at": "\\ud800"}', "bad_field"),
+        (_record(url="http://long.example/" + "u" * 700_000), "too_long"),
+        (_record(id="i" * 8193), "too_long"),
+    ],
+)
+def test_hostile_records_are_this_records_error(raw, reason):
+    with pytest.raises(RecordError) as err:
+        page_from_json(raw, max_bytes=10_000_000)
+    assert err.value.reason == reason, err.value
+
+
+def test_limits_are_inclusive_and_nesting_within_them_is_fine():
+    from streamdedup.engine.records import MAX_ID_BYTES, MAX_INT_DIGITS, MAX_JSON_DEPTH, MAX_URL_BYTES
+
+    url = "http://a/" + "u" * (MAX_URL_BYTES - len("http://a/"))
+    nested = "[" * (MAX_JSON_DEPTH - 1) + "]" * (MAX_JSON_DEPTH - 1)  # inside the record's object
+    raw = (
+        '{"url": "%s", "id": "%s", "content": "x", "d": %s, "n": %s}'
+        % (url, "é" * (MAX_ID_BYTES // 2), nested, "9" * MAX_INT_DIGITS)
+    ).encode()
+    page = page_from_json(raw)
+    assert (page.url, len(page.id.encode())) == (url, MAX_ID_BYTES)
+
+
+def test_content_with_lone_surrogates_is_judged_not_refused():
+    # the content is only fingerprinted (the extractor drops surrogates); the value is passed on as it came
+    assert page_from_json(b'{"url": "http://a/", "content": "<p>a \\ud800 b</p>"}').content == "<p>a \ud800 b</p>"
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "<div id='app'></div><script src='/static/app.js'></script>",
+        "<nav>Home</nav><script>start()</script>",
+        "<p> . , ! -- </p>",
+        "<html><head><title>Title only</title></head><body><style>p{}</style></body></html>",
+    ],
+)
+def test_pages_without_visible_words_are_empty(content):
+    from streamdedup.engine.records import page_text
+
+    with pytest.raises(RecordError) as err:
+        page_text(Page("a", "a", content, "text/html"))
+    assert (err.value.reason, err.value.message) == ("empty", "no visible text to fingerprint")
+
+
+def test_one_visible_word_is_enough():
+    from streamdedup.engine.records import page_text
+
+    assert page_text(Page("a", "a", "<nav>Home</nav><p>Hello</p>", "text/html")) == "Hello"
+
+
+def test_a_hostile_record_in_a_batch_fails_alone():
+    from streamdedup.pipeline.intake import Record, fingerprint_contents, parse
+
+    valid = _record(url="http://ok/1", content="<p>alpha beta gamma</p>")
+    batch = [
+        Record(0, 0, None, b"[" * 200_000 + b"]" * 200_000),
+        Record(0, 1, None, valid),
+        Record(0, 2, None, b'{"url": "http://a/", "content": "x", "n": ' + b"9" * 5000 + b"}"),
+        Record(0, 3, None, _record(url="http://ok/2", content="<div id='app'></div><script src=a.js></script>")),
+        Record(0, 4, None, _record(url="http://ok/3", content="<nav>Home</nav><script>go()</script>")),
+        Record(0, 5, None, _record(url="http://ok/4", content="<p>delta epsilon</p>")),
+    ]
+    parsed = parse(batch, 10_000_000)
+    assert [e.reason if e else None for e in parsed.errors] == ["not_json", None, "bad_field", None, None, None]
+    fps, failed = fingerprint_contents(parsed.contents())
+    assert [(i, reason) for i, reason, _ in failed] == [(1, "empty"), (2, "empty")]  # positions among the good
+    assert len(fps) == 2 and len(set(fps.tolist())) == 2 and 0 not in fps.tolist()

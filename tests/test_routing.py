@@ -119,3 +119,53 @@ def test_topic_names_come_from_the_settings():
     assert [o.topic for o in outputs(judged(), topics)] == ["u", "v"]
     assert [o.topic for o in outputs(judged((1, 0, 0, 0, "m", "mu")), topics)] == ["n", "v"]
     assert [o.topic for o in outputs(Waiting(0, 0, None, b"", reason="empty"), topics)] == ["d"]
+
+
+def test_a_refused_dead_letter_is_sent_shrunk_not_dropped():
+    from streamdedup.pipeline.routing import TRUNCATED_BYTES
+
+    value = b"v" * (TRUNCATED_BYTES + 10)
+    w = Waiting(1, 3, b"k" * 5000, value, list(UPSTREAM), reason="too_large_for_topic", error="refused")
+    [whole] = outputs(w, Topics())
+    [head] = outputs(w, Topics(), shrink=1)
+    [bare] = outputs(w, Topics(), shrink=2)
+    assert whole.value == value and ("streamdedup-truncated", str(len(value)).encode()) not in whole.headers
+    assert head.value == value[:TRUNCATED_BYTES] and head.key == w.key
+    assert head.headers[:2] == [("trace-id", b"t-1"), ("source", b"crawler-7")]
+    assert (bare.value, bare.key) == (b"", b"k" * 1024)
+    assert [k for k, _ in bare.headers] == ["streamdedup-reason", "streamdedup-error", "streamdedup-truncated"]
+    for out in (head, bare):
+        assert dict(out.headers)["streamdedup-truncated"] == str(len(value)).encode()
+        assert dict(out.headers)["streamdedup-reason"] == b"too_large_for_topic"
+
+
+def test_a_long_error_is_cut_on_a_character_boundary():
+    [out] = outputs(Waiting(0, 0, None, b"", reason="bad_field", error="é" * 5000), Topics())
+    assert dict(out.headers)["streamdedup-error"].decode("utf-8") == "é" * 2000
+
+
+def test_what_the_worker_writes_is_valid_utf8_even_from_a_stored_surrogate():
+    # a match stored before ids were checked (an old changelog) must not make invalid bytes
+    [page, verdict] = outputs(judged((1, 0, 0, 0, "old\ud800", "http://old/\udfff")), Topics())
+    for _, v in page.headers:
+        v.decode("utf-8")
+    json.loads(verdict.value.decode("utf-8"))
+
+
+def test_output_overhead_covers_the_largest_key_and_match_headers():
+    from streamdedup.engine.records import MAX_ID_BYTES, MAX_URL_BYTES
+    from streamdedup.pipeline.routing import OUTPUT_OVERHEAD_BYTES
+
+    w = judged((1, 0, 0, 0, "m" * MAX_ID_BYTES, "u" * MAX_URL_BYTES), headers=(), page_id="p" * MAX_ID_BYTES)
+    page, _ = outputs(w, Topics())
+    added = len(page.key) + sum(len(k) + len(v) for k, v in page.headers)
+    assert added + 200 < OUTPUT_OVERHEAD_BYTES  # 200: Kafka's record and batch framing
+
+
+def test_compose_creates_the_page_topics_with_the_overhead_the_worker_checks():
+    from pathlib import Path
+
+    from streamdedup.pipeline.routing import OUTPUT_OVERHEAD_BYTES
+
+    compose = (Path(__file__).resolve().parents[1] / "deploy" / "docker-compose.yml").read_text()
+    assert f"STREAMDEDUP_MAX_PAGE_BYTES:-5242880}} + {OUTPUT_OVERHEAD_BYTES} ))" in compose

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,8 +52,70 @@ class Page:
     fetched_at: str | None = None
 
 
+#: Limits on the fields that travel inside the worker's internal messages (probes, answers,
+#: the shards' changelog) and in output keys and headers, in UTF-8 bytes.  A record over one is
+#: a dead letter (``too_long``), never a message too large for the broker.
+MAX_ID_BYTES = 8192
+MAX_URL_BYTES = 8192
+#: Limits that keep parsing one record cheap and confined to that record: JSON nesting
+#: (Python's C parser stops at its recursion limit, ~1000 levels, with a RecursionError that
+#: is caught for this record; the rest is refused after parsing) and the digits of an
+#: integer (Python's int() refuses more than 4300).  No page record needs anything near them.
+MAX_JSON_DEPTH = 64
+MAX_INT_DIGITS = 100
+
+# a letter or digit: a text holds a word (features.words) if and only if it holds one of these
+_A_WORD = re.compile(r"[^\W_]")
+
+
+def _json_depth(value: object, limit: int) -> int:
+    """How deep the arrays and objects of a parsed value nest, counted up to ``limit + 1``."""
+    depth, level = 0, [value]
+    while level and depth <= limit:
+        nested = [v for x in level if isinstance(x, (dict, list)) for v in (x.values() if isinstance(x, dict) else x)]
+        depth += 1
+        level = [x for x in nested if isinstance(x, (dict, list))]
+    return depth
+
+
+def _bounded_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise RecordError(
+            "bad_field", f"the record holds an integer of {len(digits)} digits (the limit is {MAX_INT_DIGITS})"
+        )
+    return int(digits)
+
+
+def _strict(name: str, value: str, limit: int | None = None) -> None:
+    """``value`` must be valid UTF-8 (no lone surrogates from ``\\ud800`` escapes) and, with
+    ``limit``, at most that many bytes."""
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise RecordError(
+            "bad_field",
+            f'"{name}" holds a lone surrogate ({value[e.start]!r} at character {e.start}), which is not valid UTF-8',
+        ) from None
+    if limit is not None and size > limit:
+        raise RecordError("too_long", f'"{name}" is {size} bytes, over the limit of {limit}')
+
+
 def page_from_json(raw: bytes | str, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Page:
-    """Validate one JSON record (bytes as they came off the wire) and make it a :class:`Page`."""
+    r"""Validate one JSON record (bytes as they came off the wire) and make it a :class:`Page`.
+
+    Every failure is a :class:`RecordError` about this record alone: nesting and integers are
+    bounded (``not_json`` / ``bad_field``), ids and URLs must be valid UTF-8 (``bad_field``)
+    and short enough to travel (``too_long``).
+
+    >>> page_from_json('{"url": "http://a/", "content": "hi", "n": ' + "9" * 200 + "}")
+    Traceback (most recent call last):
+    ...
+    streamdedup.errors.RecordError: bad_field: the record holds an integer of 200 digits (the limit is 100)
+    >>> page_from_json(b'{"url": "http://a/", "id": "sur\\ud800", "content": "hi"}')
+    Traceback (most recent call last):
+    ...
+    streamdedup.errors.RecordError: bad_field: "id" holds a lone surrogate ('\ud800' at character 3), which is not valid UTF-8
+    """
     if len(raw) > max_bytes:
         raise RecordError("too_large", f"the record is {len(raw)} bytes, over the limit of {max_bytes}")
     if isinstance(raw, bytes):
@@ -63,9 +126,13 @@ def page_from_json(raw: bytes | str, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) ->
     if not raw.strip():
         raise RecordError("empty", "the record is empty")
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, parse_int=_bounded_int)
     except json.JSONDecodeError as e:
         raise RecordError("not_json", f"the record is not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except RecursionError:  # the C parser counts its nesting against the recursion limit: this record only
+        raise RecordError("not_json", f"the record nests deeper than {MAX_JSON_DEPTH} levels") from None
+    if _json_depth(data, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise RecordError("not_json", f"the record nests deeper than {MAX_JSON_DEPTH} levels")
     if not isinstance(data, dict):
         raise RecordError("not_object", f"the record is a JSON {type(data).__name__}, not an object")
     for name in ("url", "content"):
@@ -80,6 +147,10 @@ def page_from_json(raw: bytes | str, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) ->
         raise RecordError("missing_field", '"url" is empty')
     if not data["content"].strip():
         raise RecordError("empty", "the page content is empty")
+    _strict("url", data["url"], MAX_URL_BYTES)
+    for name, limit in (("id", MAX_ID_BYTES), ("content_type", 1024), ("fetched_at", 1024)):
+        if data.get(name):
+            _strict(name, data[name], limit)
     return Page(
         id=data.get("id") or data["url"],
         url=data["url"],
@@ -194,5 +265,19 @@ def read_pages(path: Path, fmt: str = "auto", max_bytes: int = DEFAULT_MAX_PAGE_
 
 
 def page_text(page: Page) -> str:
-    """The visible main text of a page (raises :class:`streamdedup.errors.RecordError`)."""
-    return visible_text(page.content, page.content_type, page.charset)
+    """The visible main text of a page (raises :class:`streamdedup.errors.RecordError`).
+
+    A page without a word of visible text (an app shell, a page of scripts and menus) is
+    ``empty``: its fingerprint would be the same for all of them (0), so every such page
+    would be a near-duplicate of every other.  ``scan``, the worker and ``POST /check`` all
+    come through here.
+
+    >>> page_text(Page("a", "a", "<div id='app'></div><script src='app.js'></script>"))
+    Traceback (most recent call last):
+    ...
+    streamdedup.errors.RecordError: empty: no visible text to fingerprint
+    """
+    text = visible_text(page.content, page.content_type, page.charset)
+    if _A_WORD.search(text) is None:
+        raise RecordError("empty", "no visible text to fingerprint")
+    return text

@@ -58,6 +58,8 @@ class Parsed:
 
 
 def parse(records: Sequence[Record], max_bytes: int) -> Parsed:
+    """Check each record on its own: whatever goes wrong with one (bad input, or a bug it
+    triggers) is that record's dead letter, never its neighbours'."""
     out = Parsed([], [], [], [])
     for r in records:
         page, error, fetched = None, None, 0
@@ -68,6 +70,8 @@ def parse(records: Sequence[Record], max_bytes: int) -> Parsed:
             fetched = fetched_ms(page.fetched_at, r.timestamp_ms)
         except RecordError as e:
             error = e
+        except Exception as e:  # a bug this record triggers: keep it on the dead-letter topic
+            page, error = None, RecordError("internal_error", f"{type(e).__name__}: {e}")
         out.records.append(r)
         out.pages.append(page)
         out.errors.append(error)
@@ -90,6 +94,8 @@ def fingerprint_contents(
             texts.append(page_text(Page("", "", content, content_type, charset)))
         except RecordError as e:
             failed.append((i, e.reason, e.message))
+        except Exception as e:  # a bug this page triggers: its dead letter, not the batch's
+            failed.append((i, "internal_error", f"{type(e).__name__}: {e}"))
     return (Fingerprints(texts).simhash if texts else np.zeros(0, dtype=np.uint64)), failed
 
 

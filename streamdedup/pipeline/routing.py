@@ -7,6 +7,10 @@
 * Every page also gets one compact JSON record on the verdicts topic, keyed by page id.
 * A bad record goes to the dead-letter topic as it came (its own key, the input bytes and
   headers), and ``streamdedup-reason`` (a code) and ``streamdedup-error`` (a sentence).
+* A dead letter that the dead-letter topic itself refuses (too large for its
+  ``max.message.bytes``) is sent shrunk rather than lost: first the first
+  :data:`TRUNCATED_BYTES` of the value, then (refused again) no value, the key cut to 1 KiB
+  and only streamdedup's headers; both carry ``streamdedup-truncated`` = the original size.
 
 >>> from streamdedup.pipeline.pending import Waiting
 >>> w = Waiting(0, 7, b"k", b"{...}", page_id="a", url="http://a/", fingerprint=255)
@@ -20,12 +24,20 @@ import json
 from dataclasses import dataclass
 
 from streamdedup.engine.dedup import Verdict
+from streamdedup.engine.records import MAX_ID_BYTES, MAX_URL_BYTES
 from streamdedup.fingerprinting.simhash import to_hex
 from streamdedup.pipeline.pending import Waiting
 
-__all__ = ["HEADER_PREFIX", "Topics", "Output", "outputs", "verdict_record"]
+__all__ = ["HEADER_PREFIX", "TRUNCATED_BYTES", "OUTPUT_OVERHEAD_BYTES", "Topics", "Output", "outputs", "verdict_record"]
 
 HEADER_PREFIX = "streamdedup-"
+#: How much of a refused dead letter's value is kept (shrink level 1).
+TRUNCATED_BYTES = 64 * 1024
+#: What a page's copy on an output topic may add to the page itself: the key (its id), the
+#: match's id and URL headers, the fixed headers, the record and batch framing.  Input
+#: headers are not bounded here; a page with huge ones is refused by the topic and becomes a
+#: ``too_large_for_topic`` dead letter.
+OUTPUT_OVERHEAD_BYTES = MAX_ID_BYTES + MAX_ID_BYTES + MAX_URL_BYTES + 4096
 
 
 @dataclass(frozen=True)
@@ -60,31 +72,35 @@ def verdict_record(w: Waiting) -> dict:
     return {**v.to_dict(), "partition": w.partition, "offset": w.offset}
 
 
-def outputs(w: Waiting, topics: Topics) -> list[Output]:
-    """The records to send for one done record, in order."""
+def outputs(w: Waiting, topics: Topics, shrink: int = 0) -> list[Output]:
+    """The records to send for one done record, in order.
+
+    ``shrink`` (dead letters only): 0 as it came, 1 the value cut to :data:`TRUNCATED_BYTES`,
+    2 no value, the key cut to 1 KiB and no input headers.
+    """
     kept = [(k, v) for k, v in w.headers if not k.startswith(HEADER_PREFIX)]  # never trust upstream verdicts
     if w.reason is not None:
-        return [
-            Output(
-                topics.dead_letter,
-                w.key,
-                w.value,
-                kept
-                + [
-                    ("streamdedup-reason", w.reason.encode()),
-                    ("streamdedup-error", (w.error or "").encode("utf-8", "replace")),
-                ],
-            )
+        key, value = w.key, w.value
+        ours = [
+            ("streamdedup-reason", w.reason.encode()),
+            ("streamdedup-error", (w.error or "")[:2000].encode("utf-8", "replace")),
         ]
-    key = w.page_id.encode("utf-8", "surrogatepass")
+        if shrink:
+            ours.append(("streamdedup-truncated", str(len(w.value)).encode()))
+            value = w.value[:TRUNCATED_BYTES] if shrink == 1 else b""
+            if shrink >= 2:
+                key, kept = (key[:1024] if key is not None else None), []
+        return [Output(topics.dead_letter, key, value, kept + ours)]
+    # intake refuses ids and urls that are not valid UTF-8; "replace" keeps a bug from writing invalid bytes
+    key = w.page_id.encode("utf-8", "replace")
     ours = [("streamdedup-verdict", w.verdict.encode()), ("streamdedup-fingerprint", to_hex(w.fingerprint).encode())]
     if w.best is not None:
         distance, _, _, _, match_id, match_url = w.best
         ours += [
-            ("streamdedup-match-id", match_id.encode("utf-8", "surrogatepass")),
-            ("streamdedup-match-url", match_url.encode("utf-8", "surrogatepass")),
+            ("streamdedup-match-id", match_id.encode("utf-8", "replace")),
+            ("streamdedup-match-url", match_url.encode("utf-8", "replace")),
             ("streamdedup-distance", str(distance).encode()),
         ]
     target = topics.unique if w.best is None else topics.near_duplicate
-    record = json.dumps(verdict_record(w), ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+    record = json.dumps(verdict_record(w), ensure_ascii=False, separators=(",", ":")).encode("utf-8", "replace")
     return [Output(target, key, w.value, kept + ours), Output(topics.verdicts, key, record, ours)]

@@ -31,7 +31,7 @@ from streamdedup.pipeline.routing import Topics
 from streamdedup.pipeline.shard import ShardPlan
 from streamdedup.pipeline.wire import ANSWERS, CHANGELOG, CHECKS, PROBES, Batch, decode, encode, kind_of
 from streamdedup.settings import Settings
-from streamdedup.stream.check import check
+from streamdedup.stream.check import Checker
 from streamdedup.stream.connection import faust_broker_url, faust_credentials
 from streamdedup.stream.gauges import Gauges
 from streamdedup.stream.metrics import Metrics, setup_faust_sensor
@@ -44,6 +44,8 @@ __all__ = ["Worker", "internal_topics", "table_design"]
 log = logging.getLogger("streamdedup.worker")
 RAW = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 MAX_ROWS = 2000  # rows per internal message (a row is 48 bytes plus its id and url)
+MAX_MESSAGE_BYTES = 512 * 1024
+CHECKS_PER_PROCESS = 4  # POST /check requests in progress per fingerprinting process; 503 beyond  # bytes of rows per internal message: half the broker's default limit
 
 
 def internal_topics(settings: Settings) -> dict[str, str]:
@@ -186,18 +188,44 @@ class Worker:
                     log.exception("answers stage failed on %d messages", len(events))
                 self.metrics.batch_seconds.labels("answers").observe(time.perf_counter() - t0)
 
-        worker = self
+        answers_name = self.answers_topic.get_topic_name()
+        checker = self.checker = Checker(
+            self.pending,
+            self.plan,
+            send_probes=lambda shard, value: self.probes_topic.send(value=value, partition=shard),
+            owned=lambda: sorted(tp.partition for tp in app.consumer.assignment() if tp.topic == answers_name),
+            max_bytes=s.max_page_bytes,
+            pool=self._pool,
+            max_concurrent=CHECKS_PER_PROCESS * max(1, s.fingerprint_processes),
+        )
+        metrics = self.metrics
 
         @app.page("/check")
         class CheckView(faust.web.View):
             """POST a page record (the pages topic's JSON): its verdict against every stored page,
-            without storing it.  400/413 for bad input, 503 while the worker holds no partition."""
+            without storing it.  400/413 JSON for bad input, 503 + Retry-After while the worker is
+            busy with checks or holds no partition; HEAD answers what the endpoint takes."""
 
             async def post(self, request):
                 t0 = time.perf_counter()
-                status, payload = await check(worker, await request.read())
-                worker.metrics.check_seconds.labels(str(status)).observe(time.perf_counter() - t0)
-                return self.json(payload, status=status)
+                unread = True  # the body is not read: answer and close rather than read it to discard it
+                if (busy := checker.busy()) is not None:  # before reading a body it would not judge
+                    status, payload, headers = busy
+                else:
+                    body, too_large = await checker.read_body(request.content_length, request.content)
+                    if too_large is not None:
+                        status, payload, headers = 413, too_large, {}
+                    else:
+                        unread = False
+                        status, payload, headers = await checker.check(body)
+                metrics.check_seconds.labels(str(status)).observe(time.perf_counter() - t0)
+                response = self.json(payload, status=status, headers=headers or None)
+                if unread:
+                    response.force_close()
+                return response
+
+            async def head(self, request):
+                return self.bytes(b"", content_type="application/json", headers={"Allow": "HEAD, POST"})
 
         @app.timer(interval=5.0, name="gauges")
         async def gauges():
@@ -454,8 +482,20 @@ class Worker:
 
 
 def _chunks(batch: Batch):
-    for start in range(0, len(batch), MAX_ROWS):
-        yield batch if len(batch) <= MAX_ROWS else batch.select(np.arange(start, min(start + MAX_ROWS, len(batch))))
+    """``batch`` in pieces of at most MAX_ROWS rows and MAX_MESSAGE_BYTES bytes (a row is 48
+    bytes plus its id and url, which intake bounds), so no internal message can exceed the
+    broker's default limit of 1 MiB."""
+    sizes = 48 + batch.rows["id_len"].astype(np.int64) + batch.rows["url_len"]
+    if len(batch) <= MAX_ROWS and int(sizes.sum()) <= MAX_MESSAGE_BYTES:
+        yield batch
+        return
+    start, ends = 0, np.cumsum(sizes)
+    while start < len(batch):
+        base = int(ends[start - 1]) if start else 0
+        stop = int(np.searchsorted(ends, base + MAX_MESSAGE_BYTES, side="right"))
+        stop = min(max(stop, start + 1), start + MAX_ROWS, len(batch))
+        yield batch.select(np.arange(start, stop))
+        start = stop
 
 
 def _headers(headers: Any) -> list[tuple[str, bytes]]:

@@ -3,57 +3,175 @@
 The page's probes go to the shards as a batch of kind CHECKS (the shards answer and do not
 insert), their answers come back to a partition this worker owns, and the request waits for
 them in :class:`~streamdedup.pipeline.pending.Pending` like a page, but is never released to Kafka.
+
+What keeps a crawler's burst of checks from stalling the worker's stream:
+
+* the body is read in chunks up to ``--max-page-bytes`` (413 JSON beyond, before reading
+  it all when ``Content-Length`` says so);
+* parsing and fingerprinting run in the worker's fingerprinting process pool, never on
+  the event loop (:func:`judge_body` is a plain function of bytes);
+* at most ``max_concurrent`` checks are in progress; beyond that the answer is 503 with
+  ``Retry-After`` at once, so a burst costs the loop one short answer per extra request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from streamdedup.engine.records import page_from_json, page_text
 from streamdedup.errors import RecordError
 from streamdedup.fingerprinting.pages import Fingerprints
 from streamdedup.pipeline.intake import fetched_ms, id_hash, probe_batches
+from streamdedup.pipeline.pending import Pending
 from streamdedup.pipeline.routing import verdict_record
+from streamdedup.pipeline.shard import ShardPlan
 from streamdedup.pipeline.wire import CHECKS, encode
 
-if TYPE_CHECKING:
-    from streamdedup.stream.app import Worker
+__all__ = ["Checker", "Judged", "judge_body", "RETRY_AFTER_SECONDS"]
 
-__all__ = ["check"]
+RETRY_AFTER_SECONDS = 1
+READ_CHUNK = 256 * 1024
 
 
-async def check(worker: Worker, body: bytes, timeout: float = 10.0) -> tuple[int, dict]:
-    """(HTTP status, JSON body) for a synchronous check of one page record."""
+@dataclass(frozen=True)
+class Judged:
+    """What :func:`judge_body` made of a body: a page's fingerprint, or why there is none."""
+
+    page_id: str = ""
+    url: str = ""
+    fetched: int = 0
+    fingerprint: int = 0
+    reason: str | None = None
+    error: str | None = None
+
+
+def judge_body(body: bytes, max_bytes: int, now_ms: int) -> Judged:
+    """Parse, extract and fingerprint one check body (runs in the process pool).
+
+    Every failure is a :class:`Judged` with a reason, never an exception: a bug the body
+    triggers is ``internal_error`` for this request only.
+
+    >>> judge_body(b"[" * 100000 + b"]" * 100000, 1 << 20, 0).reason
+    'not_json'
+    """
     try:
-        page = page_from_json(body, worker.settings.max_page_bytes)
-        fetched = fetched_ms(page.fetched_at, int(time.time() * 1000))
-        text = page_text(page)
+        page = page_from_json(body, max_bytes)
+        fetched = fetched_ms(page.fetched_at, now_ms)
+        fp = int(Fingerprints([page_text(page)]).simhash[0])
     except RecordError as e:
-        return (413 if e.reason == "too_large" else 400), {"error": e.message, "reason": e.reason}
-    owned = sorted(
-        tp.partition for tp in worker.app.consumer.assignment() if tp.topic == worker.answers_topic.get_topic_name()
-    )
-    if not owned:
-        return 503, {
-            "error": "this worker holds no partition right now (starting or rebalancing); retry soon",
-            "reason": "unavailable",
+        return Judged(reason=e.reason, error=e.message)
+    except Exception as e:  # one request's bug is that request's answer
+        return Judged(reason="internal_error", error=f"{type(e).__name__}: {e}")
+    return Judged(page.id, page.url, fetched, fp)
+
+
+@dataclass
+class Checker:
+    """Answers checks with what it is given, not the whole worker.
+
+    ``send_probes(shard_partition, value)`` sends one probes message; ``owned()`` lists the
+    answers partitions this worker holds now; ``pool`` runs :func:`judge_body` (None: in a
+    thread, for tests and ``--fingerprint-processes 0``).
+    """
+
+    pending: Pending
+    plan: ShardPlan
+    send_probes: Callable[[int, bytes], Awaitable[object]]
+    owned: Callable[[], list[int]]
+    max_bytes: int
+    pool: Executor | None = None
+    max_concurrent: int = 16
+    timeout: float = 10.0
+    active: int = field(default=0, init=False)
+
+    async def read_body(self, content_length: int | None, content) -> tuple[bytes | None, dict | None]:
+        """The body from an aiohttp stream, or (None, a 413 payload) when it is over the limit."""
+        if content_length is not None and content_length > self.max_bytes:
+            return None, self._too_large(content_length)
+        chunks, size = [], 0
+        while chunk := await content.read(READ_CHUNK):
+            size += len(chunk)
+            if size > self.max_bytes:
+                return None, self._too_large(size, at_least=True)
+            chunks.append(chunk)
+        return b"".join(chunks), None
+
+    def _too_large(self, size: int, at_least: bool = False) -> dict:
+        return {
+            "error": f"the record is {'over ' if at_least else ''}{size} bytes, over the limit of {self.max_bytes} "
+            "(--max-page-bytes)",
+            "reason": "too_large",
         }
-    fp = Fingerprints([text]).simhash
-    done: asyncio.Future = asyncio.get_running_loop().create_future()
-    request = worker.pending.add_check(page.id, page.url, int(fp[0]), lambda w: done.done() or done.set_result(w))
-    batches = probe_batches(
-        worker.plan, fp, [request], [fetched], [id_hash(page.id)], [owned[0]], [page.id], [page.url], kind=CHECKS
-    )
-    for s, batch in batches.items():
-        await worker.probes_topic.send(value=encode(batch, CHECKS), partition=s)
-    try:
-        w = await asyncio.wait_for(done, timeout)
-    except TimeoutError:
-        worker.pending.cancel(request)
-        return 504, {"error": f"no answer from the shards within {timeout:.0f}s", "reason": "timeout"}
-    record = verdict_record(w)
-    for key in ("partition", "offset"):
-        record.pop(key)
-    return 200, record
+
+    def busy(self) -> tuple[int, dict, dict] | None:
+        """A 503 answer when ``max_concurrent`` checks are in progress already."""
+        if self.active < self.max_concurrent:
+            return None
+        return (
+            503,
+            {"error": f"{self.active} checks in progress, the most this worker takes; retry", "reason": "busy"},
+            {"Retry-After": str(RETRY_AFTER_SECONDS)},
+        )
+
+    async def check(self, body: bytes) -> tuple[int, dict, dict]:
+        """(HTTP status, JSON body, extra headers) for one page record."""
+        if (busy := self.busy()) is not None:
+            return busy
+        self.active += 1
+        try:
+            return await self._check(body)
+        finally:
+            self.active -= 1
+
+    async def _check(self, body: bytes) -> tuple[int, dict, dict]:
+        loop = asyncio.get_running_loop()
+        judged = await loop.run_in_executor(self.pool, judge_body, body, self.max_bytes, int(time.time() * 1000))
+        if judged.reason is not None:
+            status = 413 if judged.reason == "too_large" else 500 if judged.reason == "internal_error" else 400
+            return status, {"error": judged.error, "reason": judged.reason}, {}
+        owned = self.owned()
+        if not owned:
+            return (
+                503,
+                {
+                    "error": "this worker holds no partition right now (starting or rebalancing); retry soon",
+                    "reason": "unavailable",
+                },
+                {"Retry-After": str(RETRY_AFTER_SECONDS)},
+            )
+        done: asyncio.Future = loop.create_future()
+
+        def answered(w) -> None:
+            if not done.done():
+                done.set_result(w)
+
+        request = self.pending.add_check(judged.page_id, judged.url, judged.fingerprint, answered)
+        try:
+            batches = probe_batches(
+                self.plan,
+                np.array([judged.fingerprint], dtype=np.uint64),
+                [request],
+                [judged.fetched],
+                [id_hash(judged.page_id)],
+                [owned[0]],
+                [judged.page_id],
+                [judged.url],
+                kind=CHECKS,
+            )
+            for s, batch in batches.items():
+                await self.send_probes(s, encode(batch, CHECKS))
+            w = await asyncio.wait_for(done, self.timeout)
+        except TimeoutError:
+            return 504, {"error": f"no answer from the shards within {self.timeout:.0f}s", "reason": "timeout"}, {}
+        finally:
+            self.pending.cancel(request)
+        record = verdict_record(w)
+        for key in ("partition", "offset"):
+            record.pop(key)
+        return 200, record, {}

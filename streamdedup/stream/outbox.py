@@ -7,6 +7,14 @@ the done records at the head of the partition, in offset order, and commits the 
 the last of them *in the same transaction*.  A consumer reading with
 ``isolation_level=read_committed`` sees every page's outputs exactly once, even across a
 SIGKILL; the pages themselves are never acked to faust, whose commits would race these.
+
+Every send of a transaction is awaited before it commits.  A send the broker refuses for the
+record itself (too large for the topic's ``max.message.bytes``, invalid) aborts the
+transaction; the records whose sends failed become *suspects*.  The next transaction commits
+the records before the first suspect, then the suspect alone: refused again, it is convicted
+(a record refused next to others may only have shared their produce batch).  A convicted
+page becomes a dead letter with reason ``too_large_for_topic``; a convicted dead letter is
+sent shrunk (:func:`~streamdedup.pipeline.routing.outputs`, ``shrink``), never dropped.
 """
 
 from __future__ import annotations
@@ -17,7 +25,14 @@ import time
 from collections.abc import Callable
 
 from aiokafka import AIOKafkaProducer, TopicPartition
-from aiokafka.errors import KafkaError, ProducerFenced
+from aiokafka.errors import (
+    CorruptRecordException,
+    KafkaError,
+    MessageSizeTooLargeError,
+    ProducerFenced,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+)
 
 from streamdedup.pipeline.pending import Pending, Waiting
 from streamdedup.pipeline.routing import Topics, outputs
@@ -26,6 +41,19 @@ from streamdedup.settings import Settings
 __all__ = ["Outbox"]
 
 log = logging.getLogger(__name__)
+
+#: Errors that are about the record sent, not the connection or the transaction: retrying the
+#: same record cannot help.
+RECORD_ERRORS = (MessageSizeTooLargeError, RecordTooLargeError, RecordListTooLargeError, CorruptRecordException)
+MAX_SHRINK = 2  # routing.outputs' last shrink level
+
+
+class RecordsRefused(Exception):
+    """Sends the broker refused for the records themselves (the transaction was aborted)."""
+
+    def __init__(self, refused: dict[int, str]) -> None:
+        super().__init__(f"{len(refused)} records refused")
+        self.refused = refused  # offset -> why
 
 
 class Outbox:
@@ -46,6 +74,8 @@ class Outbox:
         self._dirty: set[int] = set()
         self.owned: set[int] = set()  # input partitions assigned to this worker now
         self._tasks: dict[int, asyncio.Task] = {}
+        self._suspects: dict[int, dict[int, str]] = {}  # partition -> offset -> why its send failed
+        self._shrink: dict[tuple[int, int], int] = {}  # (partition, offset) -> dead letter shrink level
 
     def _lock(self, partition: int) -> asyncio.Lock:
         return self._locks.setdefault(partition, asyncio.Lock())
@@ -95,8 +125,15 @@ class Outbox:
                 log.info("partition %d is not ours (any more): %d records left to its owner", partition, n)
                 return 0
             while ready := self.pending.ready(partition):
+                ready = self._next_transaction(partition, ready)
                 try:
                     await self._commit(partition, ready)
+                except RecordsRefused as e:
+                    await self._close(partition)  # a fresh producer: new epoch, sequences start over
+                    if self._refused(partition, ready, e.refused):
+                        continue
+                    self._schedule_retry(partition)
+                    break
                 except ProducerFenced:
                     log.warning("partition %d: fenced by a newer owner; dropping its waiting pages", partition)
                     self.pending.drop(partition)
@@ -108,21 +145,112 @@ class Outbox:
                     self._schedule_retry(partition)
                     break
                 self.pending.release(partition, ready)
+                suspects = self._suspects.get(partition)
+                for w in ready:
+                    self._shrink.pop((partition, w.offset), None)
+                    if suspects:
+                        suspects.pop(w.offset, None)
                 self.committed[partition] = ready[-1].offset + 1
                 sent += len(ready)
                 if self.on_sent is not None:
                     self.on_sent(ready)
         return sent
 
+    def _next_transaction(self, partition: int, ready: list[Waiting]) -> list[Waiting]:
+        """``ready`` up to the first suspect, or that suspect alone if it is the head."""
+        suspects = self._suspects.get(partition)
+        if not suspects:
+            return ready
+        for i, w in enumerate(ready):
+            if w.offset in suspects:
+                return ready[:i] or ready[:1]
+        return ready
+
+    def _refused(self, partition: int, ready: list[Waiting], refused: dict[int, str]) -> bool:
+        """Suspect the refused records of a transaction, or convict the one sent alone.
+        False: nothing more can be done for it here (the partition waits, loudly)."""
+        if len(ready) > 1:
+            self._suspects.setdefault(partition, {}).update(refused)
+            log.info("partition %d: %d records refused by the broker; sending them alone", partition, len(refused))
+            return True
+        w, why = ready[0], refused[ready[0].offset]
+        if w.reason is None:  # a page: its copy does not fit the output topic
+            log.warning(
+                "partition %d offset %d: the broker refused the outputs of page %r (%s); "
+                "sending it to the dead-letter topic as too_large_for_topic",
+                partition,
+                w.offset,
+                (w.page_id or "")[:200],
+                why,
+            )
+            w.error = (
+                f"the broker refused this page's outputs ({why}; the page is {len(w.value)} bytes); its verdict "
+                f"was {w.verdict}: raise the output topics' max.message.bytes or lower --max-page-bytes"
+            )
+            w.reason, w.best = "too_large_for_topic", None
+            return True
+        level = self._shrink.get((partition, w.offset), 0) + 1
+        if level > MAX_SHRINK:  # not even a bare dead letter fits: a configuration error
+            log.error(
+                "partition %d offset %d: the dead-letter topic %r refuses even a dead letter without its value "
+                "(%s); raise its max.message.bytes. Retrying in 1s",
+                partition,
+                w.offset,
+                self.topics.dead_letter,
+                why,
+            )
+            if self.on_error is not None:
+                self.on_error()
+            return False
+        log.warning(
+            "partition %d offset %d: the dead-letter topic refused the %s dead letter (%s); sending it truncated",
+            partition,
+            w.offset,
+            w.reason,
+            why,
+        )
+        self._shrink[partition, w.offset] = level
+        return True
+
     async def _commit(self, partition: int, ready: list[Waiting]) -> None:
+        """One transaction: every output of ``ready`` and the offset after it.  Raises
+        :class:`RecordsRefused` (after aborting) when sends failed for their records."""
         producer = await self._producer(partition)
-        async with producer.transaction():
+        await producer.begin_transaction()
+        try:
+            sends: list[tuple[int, str, asyncio.Future]] = []
+            refused: dict[int, str] = {}
             for w in ready:
-                for o in outputs(w, self.topics):
-                    await producer.send(o.topic, o.value, key=o.key, headers=o.headers)
+                for o in outputs(w, self.topics, self._shrink.get((partition, w.offset), 0)):
+                    try:
+                        fut = await producer.send(o.topic, o.value, key=o.key, headers=o.headers)
+                        sends.append((w.offset, o.topic, fut))
+                    except RECORD_ERRORS as e:  # refused before it left (over max_request_size)
+                        refused[w.offset] = f"{type(e).__name__} on {o.topic}"
+            results = await asyncio.gather(*(f for _, _, f in sends), return_exceptions=True)
+            other: BaseException | None = None
+            for (offset, topic, _), result in zip(sends, results):
+                if isinstance(result, RECORD_ERRORS):
+                    refused.setdefault(offset, f"{type(result).__name__} on {topic}")
+                elif isinstance(result, BaseException) and other is None:
+                    other = result
+            if refused:  # first: the sends after a refused one fail too (OutOfOrderSequenceNumber)
+                raise RecordsRefused(refused)
+            if other is not None:
+                raise other
             await producer.send_offsets_to_transaction(
                 {TopicPartition(self.settings.pages_topic, partition): ready[-1].offset + 1}, self.settings.app_id
             )
+        except BaseException:
+            # abort when it can; the caller closes this producer in any case, and the next
+            # one's init_transactions aborts whatever is still open
+            if not producer._txn_manager.is_fatal_error():
+                try:
+                    await asyncio.wait_for(producer.abort_transaction(), 10.0)
+                except (KafkaError, TimeoutError) as e:
+                    log.debug("partition %d: abort failed (%r)", partition, e)
+            raise
+        await producer.commit_transaction()
 
     def _schedule_retry(self, partition: int) -> None:
         if partition in self._retry:
@@ -153,6 +281,9 @@ class Outbox:
                 handle.cancel()
             self.pending.drop(partition)
             self.committed.pop(partition, None)
+            self._suspects.pop(partition, None)
+            for key in [k for k in self._shrink if k[0] == partition]:
+                del self._shrink[key]
             await self._close(partition)
 
     def describe(self) -> str:

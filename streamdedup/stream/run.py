@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
 
 from streamdedup.errors import TopicError
+from streamdedup.pipeline.routing import OUTPUT_OVERHEAD_BYTES
 from streamdedup.settings import Settings
 
-__all__ = ["TopicError", "ensure_topics", "run_worker"]
+__all__ = ["TopicError", "ensure_topics", "run_worker", "needed_message_bytes", "check_message_bytes"]
 
 log = logging.getLogger("streamdedup.worker")
+UNKNOWN_TOPIC_OR_PARTITION = 3  # Kafka's error code
 
 
 async def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
@@ -46,12 +50,13 @@ async def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
                     "and it cannot change once the index holds pages)"
                 )
         internal = internal_topics(settings)
+        fits = {"max.message.bytes": str(needed_message_bytes(settings))}  # a page as large as allowed
         wanted = {
-            settings.pages_topic: {},
-            settings.unique_topic: {},
-            settings.near_duplicate_topic: {},
+            settings.pages_topic: fits,
+            settings.unique_topic: fits,
+            settings.near_duplicate_topic: fits,
             settings.verdicts_topic: {},
-            settings.dead_letter_topic: {},
+            settings.dead_letter_topic: fits,
             internal["probes"]: {},
             internal["answers"]: {},
             internal["changelog"]: {"cleanup.policy": "compact"},
@@ -76,9 +81,63 @@ async def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
                 created.append(topic.name)
             except TopicAlreadyExistsError:
                 pass
+        await check_message_bytes(admin, settings)
         return created
     finally:
         await admin.close()
+
+
+def needed_message_bytes(settings: Settings) -> int:
+    """The ``max.message.bytes`` an output topic needs to carry a page of ``--max-page-bytes``."""
+    return settings.max_page_bytes + OUTPUT_OVERHEAD_BYTES
+
+
+async def check_message_bytes(admin: AIOKafkaAdminClient, settings: Settings) -> None:
+    """Refuse to start when an output topic that carries pages cannot take a page as large as
+    ``--max-page-bytes`` allows: its copies would be refused one by one at run time."""
+    need = needed_message_bytes(settings)
+    names = [settings.unique_topic, settings.near_duplicate_topic, settings.dead_letter_topic]
+    limits = await topic_message_bytes(admin, names)
+    small = {name: limit for name, limit in limits.items() if limit < need}
+    if small:
+        listed = ", ".join(f"{name!r} ({limit} bytes)" for name, limit in sorted(small.items()))
+        fits = max(0, min(small.values()) - OUTPUT_OVERHEAD_BYTES)
+        raise TopicError(
+            f"--max-page-bytes {settings.max_page_bytes} does not fit the output topics' max.message.bytes: "
+            f"{listed}; a page that size needs {need} bytes with its key and headers. Raise the topics' "
+            f"max.message.bytes (kafka-configs.sh --alter --entity-type topics --entity-name <topic> "
+            f"--add-config max.message.bytes={need}) or lower --max-page-bytes / STREAMDEDUP_MAX_PAGE_BYTES "
+            f"to at most {fits}"
+        )
+
+
+async def topic_message_bytes(admin: AIOKafkaAdminClient, names: list[str], wait: float = 15.0) -> dict[str, int]:
+    """Each topic's effective ``max.message.bytes`` (its own, else the broker's default).
+
+    A topic created a moment ago may be unknown to the broker answering for a while
+    (UNKNOWN_TOPIC_OR_PARTITION): asked again until ``wait`` seconds have passed."""
+    deadline = time.monotonic() + wait
+    while True:
+        responses = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, name, {"max.message.bytes": None}) for name in names]
+        )
+        out: dict[str, int] = {}
+        unknown = []
+        for response in responses:
+            for error_code, error_message, _type, name, entries, *_ in response.resources:
+                if error_code == UNKNOWN_TOPIC_OR_PARTITION and time.monotonic() < deadline:
+                    unknown.append(name)
+                    continue
+                if error_code:
+                    raise TopicError(
+                        f"cannot read the configuration of topic {name!r}: error {error_code} {error_message or ''}"
+                    )
+                for entry in entries:
+                    if entry[0] == "max.message.bytes" and entry[1] is not None:
+                        out[name] = int(entry[1])
+        if not unknown:
+            return out
+        await asyncio.sleep(0.2)
 
 
 def run_worker(settings: Settings) -> None:

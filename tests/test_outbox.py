@@ -1,0 +1,133 @@
+"""The outbox's transactions with a producer that refuses records as a broker does (no Kafka here):
+a refused record is isolated and becomes a dead letter, shrunk if need be; its neighbours go out."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiokafka.errors import MessageSizeTooLargeError, OutOfOrderSequenceNumber
+
+from streamdedup.pipeline.pending import Pending
+from streamdedup.pipeline.routing import TRUNCATED_BYTES, Topics
+from streamdedup.settings import Settings
+from streamdedup.stream.outbox import Outbox
+
+
+class Txn:
+    def is_fatal_error(self) -> bool:
+        return False
+
+
+class RefusingProducer:
+    """Refuses a record over its topic's limit, and (as a broker does after a gap in the
+    sequence) every later send of the same transaction to that topic."""
+
+    def __init__(self, log: list, limits: dict[str, int]) -> None:
+        self.log, self.limits, self._txn_manager = log, limits, Txn()
+        self.open: list | None = None
+        self.gap: set[str] = set()
+
+    async def begin_transaction(self) -> None:
+        self.open, self.gap = [], set()
+
+    async def send(self, topic, value, key=None, headers=None):
+        fut = asyncio.get_running_loop().create_future()
+        size = len(value) + len(key or b"") + sum(len(k) + len(v) for k, v in headers or [])
+        if size > self.limits.get(topic, 1 << 40):
+            fut.set_exception(MessageSizeTooLargeError())
+            self.gap.add(topic)
+        elif topic in self.gap:
+            fut.set_exception(OutOfOrderSequenceNumber())
+        else:
+            fut.set_result(None)
+            self.open.append((topic, key, value, dict(headers or [])))
+        return fut
+
+    async def send_offsets_to_transaction(self, offsets, group) -> None:
+        self.offsets = {tp.partition: o for tp, o in offsets.items()}
+
+    async def commit_transaction(self) -> None:
+        self.log.append((self.open, self.offsets))
+        self.open = None
+
+    async def abort_transaction(self) -> None:
+        self.open = None
+
+    async def stop(self) -> None:
+        pass
+
+
+def run(values: list[tuple[bytes, str | None]], limits: dict[str, int]):
+    """Flush partition 0 holding ``values`` (page or dead letter with that reason); returns the
+    committed transactions, the outbox and the records as they were released."""
+    pending, log, released = Pending(n_groups=1), [], []
+    for offset, (value, reason) in enumerate(values):
+        if reason is None:
+            req = pending.add_page(
+                0,
+                offset,
+                page_id=f"p{offset}",
+                url=f"http://a/{offset}",
+                fingerprint=1,
+                key=f"p{offset}".encode(),
+                value=value,
+            )
+            pending.answer_one(req, 0, -1)
+        else:
+            pending.add_bad(0, offset, reason, "bad", key=f"p{offset}".encode(), value=value)
+    outbox = Outbox(Settings(pages_topic="in"), Topics("u", "n", "v", "d"), pending, on_sent=released.extend)
+    outbox.owned = {0}
+    producers = []
+
+    async def producer(partition):
+        if partition not in outbox._producers:
+            outbox._producers[partition] = RefusingProducer(log, limits)
+            producers.append(outbox._producers[partition])
+        return outbox._producers[partition]
+
+    outbox._producer = producer
+    sent = asyncio.run(outbox.flush(0))
+    return log, sent, released, producers
+
+
+def outputs_of(log) -> list[tuple[str, bytes]]:
+    return [(topic, key) for records, _ in log for topic, key, _, _ in records]
+
+
+def test_a_page_too_large_for_its_topic_is_a_dead_letter_and_its_neighbours_go_out():
+    values = [(b"a" * 10, None), (b"b" * 500, None), (b"c" * 10, None), (b"d" * 10, None)]
+    log, sent, released, producers = run(values, {"u": 100, "d": 1000})
+    assert sent == 4
+    assert outputs_of(log) == [
+        ("u", b"p0"), ("v", b"p0"),
+        ("d", b"p1"),
+        ("u", b"p2"), ("v", b"p2"), ("u", b"p3"), ("v", b"p3"),
+    ]  # fmt: skip
+    assert log[-1][1] == {0: 4}  # the offset after the last one, committed with its outputs
+    dead = next(h for records, _ in log for t, _, _, h in records if t == "d")
+    assert dead["streamdedup-reason"] == b"too_large_for_topic" and b"unique" in dead["streamdedup-error"]
+    assert [w.reason for w in released] == [None, "too_large_for_topic", None, None]
+    assert len(producers) > 1  # a refused transaction's producer is replaced (fresh epoch and sequences)
+
+
+def test_a_dead_letter_too_large_for_the_dead_letter_topic_is_sent_truncated():
+    big = b"x" * (TRUNCATED_BYTES * 3)
+    log, sent, released, _ = run([(big, "too_large"), (b"ok", None)], {"d": TRUNCATED_BYTES * 2})
+    assert sent == 2
+    [(topic, _, value, headers)] = [r for records, _ in log for r in records if r[0] == "d"]
+    assert value == big[:TRUNCATED_BYTES]
+    assert headers["streamdedup-truncated"] == str(len(big)).encode()
+    assert headers["streamdedup-reason"] == b"too_large"
+
+
+def test_a_dead_letter_refused_even_truncated_goes_without_its_value():
+    big = b"x" * (TRUNCATED_BYTES * 3)
+    log, sent, _, _ = run([(big, None)], {"u": 1000, "d": 2000})
+    assert sent == 1
+    [(topic, key, value, headers)] = [r for records, _ in log for r in records]
+    assert (topic, value, headers["streamdedup-reason"]) == ("d", b"", b"too_large_for_topic")
+
+
+def test_a_topic_that_refuses_everything_keeps_the_records_waiting():
+    log, sent, released, _ = run([(b"a", None), (b"b", None)], {"u": 0, "d": 0})
+    assert (sent, log, released) == (0, [], [])
