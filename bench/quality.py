@@ -104,7 +104,7 @@ def ground_truth_for(corpus: Corpus, progress: bool = True) -> gtm.GroundTruth:
 
 def find_cli() -> list[str] | None:
     """The scan command: the venv's console script; if that cannot start (e.g.
-    a stale editable install), ``python -m streamdedup.cli`` from the repo root."""
+    a stale editable install), ``python -m streamdedup`` from the repo root."""
     cands: list[list[str]] = []
     script = REPO / ".venv" / "bin" / "streamdedup"
     if script.exists():
@@ -112,7 +112,7 @@ def find_cli() -> list[str] | None:
     elif shutil.which("streamdedup"):
         cands.append([shutil.which("streamdedup")])
     py = REPO / ".venv" / "bin" / "python"
-    cands.append([str(py) if py.exists() else sys.executable, "-m", "streamdedup.cli"])
+    cands.append([str(py) if py.exists() else sys.executable, "-m", "streamdedup"])
     for n, cmd in enumerate(cands):
         r = subprocess.run(cmd + ["scan", "--help"], capture_output=True, text=True, cwd=REPO)
         if r.returncode == 0:
@@ -319,6 +319,7 @@ def evaluate(
                     }
                 )
     res["variant_pairs"] = pairs
+    res["flagged_below_0.5"] = [ex_fp(i) for i in np.flatnonzero(unrelated)]
     res["markup_misses"] = misses
 
     worst_fp = sorted(fp, key=lambda i: np.nan_to_num(jm[i], nan=-1))[:n_examples]
@@ -393,6 +394,10 @@ def print_report(res: dict, title: str) -> None:
         print(
             f"  markup-only pair missed: {m['variant']} / {m['base']} (later: {m['later']}), "
             f"transforms {m['transforms']}"
+        )
+    for e in res.get("flagged_below_0.5", []):
+        print(
+            f"  below {UNRELATED_J}: {e['id']} [{e['kind']}] -> {e['match_id']}  J={e['J_match']} dist={e['distance']}"
         )
     if res["problems"]:
         print(f"verdict file problems: {res['problems']}")

@@ -215,6 +215,9 @@ def test_a_snapshot_that_does_not_match_the_cluster_is_discarded_with_a_warning(
     with caplog.at_level("WARNING"):
         assert load_snapshot(path, plan, "app-shards-changelog", end_offset=end) is None
     assert problem in caplog.text and "rebuilding the shard from the changelog" in caplog.text
+    # set aside, so that it cannot pass for a snapshot of the new changelog once that grows past its offset
+    assert not path.exists() and path.with_name(path.name + ".discarded").exists()
+    assert load_snapshot(path, plan, "app-shards-changelog", end_offset=10**6) is None
 
 
 def test_a_snapshot_of_another_plan_is_discarded_not_fatal(tmp_path, caplog):

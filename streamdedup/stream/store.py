@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -70,7 +71,7 @@ def stale_snapshot(meta: dict, changelog: str, end_offset: int | None) -> str | 
 def load_snapshot(path: Path, plan: ShardPlan, changelog: str, end_offset: int | None) -> tuple[Shard, int] | None:
     """The shard in the snapshot at ``path`` and the changelog offset it covers, or None (with a
     warning) when the snapshot is damaged or does not match the cluster: the caller then
-    rebuilds the shard from the changelog."""
+    rebuilds the shard from the changelog.  A discarded snapshot is renamed ``*.npz.discarded``."""
     try:
         shard, meta = Shard.load(path, plan)
         problem = stale_snapshot(meta, changelog, end_offset)
@@ -78,7 +79,19 @@ def load_snapshot(path: Path, plan: ShardPlan, changelog: str, end_offset: int |
     except (ValueError, KeyError, TypeError) as e:
         problem = str(e)
     if problem is not None:
-        log.warning("discarding the snapshot %s (%s); rebuilding the shard from the changelog", path, problem)
+        # Set aside, not left in place: once the new changelog grows past its offset, a stale
+        # snapshot would pass the offset check (a crash before the next snapshot would do it).
+        aside = path.with_name(path.name + ".discarded")
+        try:
+            os.replace(path, aside)
+        except OSError as e:
+            aside = f"not moved: {e}"
+        log.warning(
+            "discarding the snapshot %s (%s); rebuilding the shard from the changelog (the file is now %s)",
+            path,
+            problem,
+            aside,
+        )
         return None
     return shard, offset
 

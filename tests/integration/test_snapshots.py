@@ -86,6 +86,7 @@ def test_a_snapshot_of_a_recreated_cluster_is_discarded_and_the_worker_judges_pa
         log = worker.log_path.read_bytes()[since:].decode("utf-8", "replace")
         assert "ConsistencyError" not in log and "crash" not in log.lower()
         assert "discarding the snapshot" in log and "recreated or truncated" in log, worker.log_tail()
+        assert not any(p.exists() for p in snapshots)  # set aside (*.discarded), never used again
         # the same page again, under another URL: with the stale snapshot it would be a
         # near-duplicate of a page the new cluster never saw
         produce(kafka, topics.pages, [page_record("http://a.test/again", PAGE, "2024-01-02T00:00:00Z")])
