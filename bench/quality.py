@@ -653,6 +653,9 @@ def self_check(args: argparse.Namespace) -> int:
             failures,
         )
         _check(not res["problems"], f"oracle: no verdict-file problems {res['problems']}", failures)
+        _check(
+            res["overall"]["below_0.5"] == 0, f"oracle: flagged below J 0.5: {res['overall']['below_0.5']}", failures
+        )
         # 2. a deliberately bad one
         p = OUT / f"selfcheck-bad-{corpus.label}.jsonl"
         p.write_text("".join(json.dumps(v) + "\n" for v in bad_verdicts(corpus, g, rng)), encoding="utf-8")
@@ -661,6 +664,11 @@ def self_check(args: argparse.Namespace) -> int:
         _check(
             o["precision"] < 0.5 and 0.3 < o["recall"] < 0.7,
             f"bad (random half, previous page): P={o['precision']:.3f} (want << 1) R={o['recall']:.3f} (want ~0.5)",
+            failures,
+        )
+        _check(
+            o["below_0.5"] > 0.9 * o["false_matches"] > 0,
+            f"bad: below J 0.5 {o['below_0.5']} of {o['false_matches']} false matches (want most)",
             failures,
         )
         # 3. flags nothing / flags all with best match but drops a third

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from streamdedup import fingerprint, hamming
 from streamdedup.fingerprinting import SCHEME
 from streamdedup.fingerprinting.simhash import (
+    distinct_features,
     feature_weights,
     from_hex,
     hamming_many,
@@ -52,6 +53,17 @@ FEATURES = st.lists(st.integers(0, 2**64 - 1) | st.sampled_from([0, 1, 2**63, 2*
 def test_batch_equals_textbook_definition(batches):
     got = simhash_many([np.array(b, dtype=np.uint64) for b in batches])
     assert [int(x) for x in got] == [charikar(b) for b in batches]
+
+
+# values that differ only in their high bits share a hash-table slot in distinct_features
+COLLIDING = st.integers(0, 15).map(lambda x: x << 60 | 0xABC) | st.integers(0, 2**64 - 1)
+
+
+@given(st.lists(st.lists(COLLIDING, max_size=30), max_size=6))
+def test_distinct_features_counts_every_feature_of_every_page(pages):
+    f, p, c = distinct_features([np.array(x, dtype=np.uint64) for x in pages])
+    got = sorted(zip(p.tolist(), f.tolist(), c.tolist()))
+    assert got == sorted((i, v, n) for i, x in enumerate(pages) for v, n in Counter(x).items())
 
 
 @given(st.lists(st.integers(1, 2**40), max_size=50))

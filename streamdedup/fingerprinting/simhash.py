@@ -69,31 +69,46 @@ def feature_weights(tf: np.ndarray) -> np.ndarray:
 def distinct_features(features: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The distinct features of each page of a batch and how often each occurs in its page.
 
-    Returns ``(features, pages, counts)``, page by page, each page's features in increasing
-    order.  Each page is sorted on its own (cheaper than one sort of the whole batch).
+    Returns ``(features, pages, counts)``, one entry per distinct (page, feature), in no
+    particular order.
+
+    Sorting is the cost, so only features that may repeat are sorted: each page's features are
+    first counted in a hash table of their low bits (a ``bincount``, 4 slots per feature), and a
+    feature alone in its slot occurs once.  The rest are sorted page by page.  The table only
+    decides which features are sorted, never a result.
 
     >>> f, p, c = distinct_features([np.array([5, 3, 5], dtype=np.uint64), np.array([5], dtype=np.uint64)])
-    >>> f.tolist(), p.tolist(), c.tolist()
-    ([3, 5, 5], [0, 0, 1], [1, 2, 1])
+    >>> sorted(zip(p.tolist(), f.tolist(), c.tolist()))
+    [(0, 3, 1), (0, 5, 2), (1, 5, 1)]
     """
-    lengths = np.fromiter((len(f) for f in features), dtype=np.int64, count=len(features))
-    flat = np.empty(int(lengths.sum()), dtype="<u8")
+    n_pages = len(features)
+    lengths = np.fromiter((len(f) for f in features), dtype=np.int64, count=n_pages)
+    flat = np.concatenate(features).astype("<u8", copy=False) if n_pages else np.zeros(0, "<u8")
+    page = np.repeat(np.arange(n_pages, dtype=np.int64), lengths)
+    # per page a table of 2**b >= 4 * length slots, at offset[page]
+    slots = np.left_shift(1, np.frexp(np.maximum(lengths, 1) * 4 - 1)[1].astype(np.int64))
+    offset = np.cumsum(slots) - slots
+    slot = (flat & (slots - 1).astype(np.uint64)[page]).astype(np.int64) + offset[page]
+    alone = np.bincount(slot, minlength=int(slots.sum()))[slot] == 1
+    once = np.flatnonzero(alone)
+    rest = np.flatnonzero(~alone)  # in page order
+    rest_flat, rest_page = flat[rest], page[rest]
+    per_page = np.bincount(rest_page, minlength=n_pages)
     pos = 0
-    for f in features:
-        end = pos + len(f)
-        flat[pos:end] = f
-        flat[pos:end].sort()
-        pos = end
-    if len(flat) == 0:
-        return flat, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    page = np.repeat(np.arange(len(features), dtype=np.int64), lengths)
-    start = np.empty(len(flat), dtype=bool)
-    start[0] = True
-    np.not_equal(flat[1:], flat[:-1], out=start[1:])
-    start[np.cumsum(lengths[:-1])[lengths[1:] > 0]] = True  # a page's first feature starts a run
+    for n in per_page.tolist():
+        if n > 1:
+            rest_flat[pos : pos + n].sort()
+        pos += n
+    start = np.ones(len(rest_flat), dtype=bool)
+    np.not_equal(rest_flat[1:], rest_flat[:-1], out=start[1:])
+    start[1:] |= rest_page[1:] != rest_page[:-1]
     first = np.flatnonzero(start)
-    counts = np.diff(np.append(first, len(flat)))
-    return flat[first], page[first], counts
+    counts = np.diff(np.append(first, len(rest_flat)))
+    return (
+        np.concatenate((flat[once], rest_flat[first])),
+        np.concatenate((page[once], rest_page[first])),
+        np.concatenate((np.ones(len(once), dtype=np.int64), counts)),
+    )
 
 
 def simhash_many(features: Sequence[np.ndarray]) -> np.ndarray:
