@@ -9,13 +9,14 @@ Weights (fingerprint scheme 2)
     9 for 256-511.  Repetition counts, but only logarithmically, so no phrase can outvote a
     page: scheme 1 weighted by raw frequency, and an index page whose "(in module" occurred
     400 times took the fingerprint of every other index page of its site.  The weight is an
-    integer computed with integer arithmetic, so the sums are exact and the bits the same on
-    every machine (a floating ``log`` could differ in its last bit between libms and flip a
-    tied bit).  bench/README.md ("Feature weights") has the measurements behind the choice.
+    integer, computed exactly (the bit length of ``tf``), so the sums are exact and the bits
+    the same on every machine (a floating ``log`` could differ in its last bit between libms
+    and flip a tied bit).  bench/README.md ("Feature weights") has the measurements behind the choice.
 
-The accumulation is batched: the distinct features of many pages are counted in one weighted
-``np.bincount`` over (page, byte position, byte value), and a small table turns byte-value
-weights into bit weights::
+The accumulation is batched: the distinct features of many pages (:func:`distinct_features`)
+are counted in ``np.bincount`` over (page, byte position, byte value), each once, plus the
+extra weight of the repeated ones, and a small table turns byte-value weights into bit
+weights::
 
     feature hash (little-endian bytes)  b0 b1 ... b7
     bincount index   page * 2048  +  j * 256  +  b_j     (j = 0..7), weight w(feature)

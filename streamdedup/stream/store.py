@@ -81,9 +81,10 @@ def load_snapshot(path: Path, plan: ShardPlan, changelog: str, end_offset: int |
     if problem is not None:
         # Set aside, not left in place: once the new changelog grows past its offset, a stale
         # snapshot would pass the offset check (a crash before the next snapshot would do it).
-        aside = path.with_name(path.name + ".discarded")
+        target = path.with_name(path.name + ".discarded")
         try:
-            os.replace(path, aside)
+            os.replace(path, target)
+            aside = str(target)
         except OSError as e:
             aside = f"not moved: {e}"
         log.warning(
