@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import groundtruth as gt
 
 BENCH_DIR = Path(__file__).resolve().parent
-CORPUS_VERSION = 1
+CORPUS_VERSION = 2  # 2: listing pages
 
 # --------------------------------------------------------------------------
 # Pinned sources
@@ -278,6 +278,23 @@ MIN_WORDS = 50
 MAX_HTML_BYTES = 1_500_000
 
 VARIANT_KINDS = ("advert", "counter", "timestamp", "navigation", "markup")
+#: Listing and index pages (``variant_kind`` "listing", no ``variant_of``): pages made mostly of
+#: one repeated phrase around distinct entries.  Two listings of a site share the phrase and
+#: the template, and almost no entries, so they are NOT near-duplicates; a fingerprint that
+#: lets repetition outvote the entries takes them for one.  The real ones are the generated
+#: index pages of the Sphinx and PostgreSQL packages (otherwise excluded); synthetic ones add
+#: other repeated phrases (shop, forum, job, news and API listings).
+LISTING_KIND = "listing"
+LISTING_PATTERNS = ("genindex-*.html", "genindex.html", "py-modindex.html", "bookindex.html")
+LISTING_SITES = (  # (host, entry template); {a} {b} are distinct entry words, {c} one of a few per page
+    ("shop.example.com", "{A} {B} Add to cart In stock Free delivery on orders over 50 euros"),
+    ("forum.example.org", "Re: {a} {b} posted by {c} Reply Quote Report this post"),
+    ("jobs.example.net", "{A} {B} engineer Full time Remote friendly Apply now"),
+    ("news.example.com", "{A} {b} Read more 0 comments Share on social media"),
+    ("api.example.dev", "{a}_{b}() (method of class {C})"),
+    ("wiki.example.org", "{A} {b} (disambiguation) see also {c}"),
+)
+LISTING_PAGES_PER_SITE = 6
 #: fraction of base pages that get synthetic variants
 VARIANT_BASE_FRACTION = 0.15
 #: probability that a variant is placed BEFORE its base page
@@ -1002,18 +1019,31 @@ def annotate(pages: list[Page], processes: int) -> list[str]:
     return digests
 
 
+def list_listing_pages(src: DebSource, tree: Path) -> list[tuple[str, Path]]:
+    """The package's generated index pages (``LISTING_PATTERNS``, at the site's top level)."""
+    root = tree / src.root
+    out = []
+    for pat in LISTING_PATTERNS:
+        for p in sorted(root.glob(pat)):
+            if p.is_file() and not p.is_symlink() and p.stat().st_size <= MAX_HTML_BYTES:
+                out.append((p.relative_to(root).as_posix(), p))
+    return out
+
+
 def deb_pages(src: DebSource, data: Path, rng: random.Random, manifest: dict) -> list[Page]:
     deb, version = fetch_deb(src, data / "downloads" / "deb")
     tree = extract_deb(deb, data / "extract" / deb.stem)
     files = list_deb_pages(src, tree, rng)
+    listings = [f for f in list_listing_pages(src, tree) if f[0] not in {rel for rel, _ in files}]
     pages = [
         Page(
             id=f"{src.key}/{rel}",
             url=f"https://{src.host}/{rel}",
             content=decode_html(p.read_bytes()),
             source=f"deb:{src.package}",
+            variant_kind=kind,
         )
-        for rel, p in files
+        for (rel, p), kind in [(f, None) for f in files] + [(f, LISTING_KIND) for f in listings]
     ]
     manifest["sources"].append(
         {
@@ -1600,6 +1630,48 @@ def make_variants(bases: list[Page], rng: random.Random, fraction: float) -> tup
     return variants, failures
 
 
+def synthetic_listings(bases: list[Page], rng: random.Random) -> list[Page]:
+    """``LISTING_PAGES_PER_SITE`` listing pages for each of ``LISTING_SITES``: a site template, a
+    heading, and 120-400 entries, each the site's repeated phrase around words of its own (drawn
+    from the corpus' vocabulary, never reused on another page)."""
+    vocab = sorted({w for p in bases for w in gt.words(p.text) if w.isalpha() and 4 <= len(w) <= 12})
+    rng.shuffle(vocab)
+    pos = 0
+    out = []
+    for host, template in LISTING_SITES:
+        nav = "".join(f'<li><a href="/{w}/">{w.title()}</a></li>' for w in ("home", "browse", "new", "about", "help"))
+        for k in range(LISTING_PAGES_PER_SITE):
+            n = rng.randint(120, 400)
+            if pos + 2 * n + 5 > len(vocab):
+                return out
+            a, b = vocab[pos : pos + n], vocab[pos + n : pos + 2 * n]
+            few = vocab[pos + 2 * n : pos + 2 * n + 5]
+            pos += 2 * n + 5
+            items = []
+            for x, y in zip(a, b):
+                c = rng.choice(few)
+                text = template.format(a=x, b=y, c=c, A=x.title(), B=y.title(), C=c.title())
+                items.append(f'<li><a href="/item/{x}-{y}">{htmllib.escape(text)}</a></li>')
+            letter = chr(ord("A") + k)
+            content = (
+                f"<!DOCTYPE html><html><head><title>{host}: {letter}</title></head><body>"
+                f'<header><a class="logo" href="/">{host}</a><nav><ul>{nav}</ul></nav></header>'
+                f"<main><h1>Index: {letter}</h1><p>Page {k + 1} of {LISTING_PAGES_PER_SITE}, {n} entries.</p>"
+                f'<ul class="listing">{"".join(items)}</ul></main>'
+                f"<footer><p>Copyright {host}. Terms of use. Privacy policy. Contact us.</p></footer></body></html>"
+            )
+            out.append(
+                Page(
+                    id=f"listing/{host}/{letter}",
+                    url=f"https://{host}/index/{letter}",
+                    content=content,
+                    source=f"synthetic:{host}",
+                    variant_kind=LISTING_KIND,
+                )
+            )
+    return out
+
+
 def order_pages(bases: list[Page], variants: list[Page], rng: random.Random) -> list[Page]:
     """Shuffle the bases; put each variant after its base (mostly soon after,
     sometimes much later) except with probability P_VARIANT_FIRST before it."""
@@ -1674,6 +1746,9 @@ def build(out: Path, seed: int = 1, max_pages: int | None = None, processes: int
     log(f"{len(bases)} base pages after filtering ({dict(dropped)})")
 
     # 3. cap ------------------------------------------------------------------
+    # listing pages are few and the point of their kind: all are kept, none gets variants
+    listings = [b for b in bases if b.variant_kind == LISTING_KIND]
+    bases = [b for b in bases if b.variant_kind != LISTING_KIND]
     expected_variants_per_base = VARIANT_BASE_FRACTION * 1.5
     if max_pages and len(bases) * (1 + expected_variants_per_base) > max_pages:
         keep = int(max_pages / (1 + expected_variants_per_base))
@@ -1683,6 +1758,11 @@ def build(out: Path, seed: int = 1, max_pages: int | None = None, processes: int
 
     # 4. synthetic variants -------------------------------------------------
     variants, failures = make_variants(bases, rng, VARIANT_BASE_FRACTION)
+    synthetic = synthetic_listings(bases, random.Random(f"{seed}:listing"))
+    annotate(synthetic, processes)
+    listings += synthetic
+    log(f"{len(listings)} listing pages ({len(synthetic)} synthetic)")
+    bases = bases + listings
     if failures:
         log(f"variant failures: {dict(failures)}")
     changed = [b for b in bases if b.meta.get("instrumented")]
@@ -1691,8 +1771,14 @@ def build(out: Path, seed: int = 1, max_pages: int | None = None, processes: int
 
     # 5. order + write --------------------------------------------------------
     pages = order_pages(bases, variants, rng)
-    if max_pages and len(pages) > max_pages:  # final hard cap, keeping bases of kept variants
-        pages = pages[:max_pages]
+    if max_pages and len(pages) > max_pages:  # final hard cap, keeping bases of kept variants and listings
+        drop: set[int] = set()
+        for p in reversed(pages):
+            if len(drop) == len(pages) - max_pages:
+                break
+            if p.variant_kind != LISTING_KIND:
+                drop.add(id(p))
+        pages = [p for p in pages if id(p) not in drop]
     ids = [p.id for p in pages]
     assert len(set(ids)) == len(ids), "duplicate ids"
     with (

@@ -9,8 +9,11 @@ Per page, with J* = 0.8 (Jaccard of visible-text word 3-shingles, see
 * recall = #(pages having an earlier page with J >= J* that are flagged
   near_duplicate) / #(pages having an earlier page with J >= J*).
 
-Reported overall, per ``variant_kind`` (``natural`` for real pages), per
-best-J bin, for both inputs: the raw HTML corpus (``corpus.jsonl``) and the
+Reported overall, per ``variant_kind`` (``natural`` for real pages, ``listing``
+for listing and index pages), per best-J bin, for both inputs.  Every slice also
+counts its *false matches* (flagged, but the named match is below J*) and the
+pages flagged against a match below Jaccard 0.5 (``below_0.5``: a unique page
+dropped for an unrelated one; goal 0).  Inputs: the raw HTML corpus (``corpus.jsonl``) and the
 pre-extracted text (``corpus-text.jsonl``).  The scan is run through the CLI
 (``.venv/bin/streamdedup scan INPUT --algorithm A --k K --output FILE``).
 
@@ -49,7 +52,9 @@ OUT = BENCH_DIR / "out"
 HTML_INPUT = DATA / "corpus.jsonl"
 TEXT_INPUT = DATA / "corpus-text.jsonl"
 THRESHOLD = 0.8
-KINDS = ("natural", "advert", "counter", "timestamp", "navigation", "markup")
+KINDS = ("natural", "listing", "advert", "counter", "timestamp", "navigation", "markup")
+VARIANT_KINDS = KINDS[2:]  # the synthetic edits of a base page (listing pages have no base)
+UNRELATED_J = 0.5  # a match below this is not a near-duplicate by any definition
 J_BINS = [0.0, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0, 1.01]
 
 
@@ -99,7 +104,7 @@ def ground_truth_for(corpus: Corpus, progress: bool = True) -> gtm.GroundTruth:
 
 def find_cli() -> list[str] | None:
     """The scan command: the venv's console script; if that cannot start (e.g.
-    a stale editable install), ``python -m streamdedup.cli`` from the repo root."""
+    a stale editable install), ``python -m streamdedup`` from the repo root."""
     cands: list[list[str]] = []
     script = REPO / ".venv" / "bin" / "streamdedup"
     if script.exists():
@@ -107,7 +112,7 @@ def find_cli() -> list[str] | None:
     elif shutil.which("streamdedup"):
         cands.append([shutil.which("streamdedup")])
     py = REPO / ".venv" / "bin" / "python"
-    cands.append([str(py) if py.exists() else sys.executable, "-m", "streamdedup.cli"])
+    cands.append([str(py) if py.exists() else sys.executable, "-m", "streamdedup"])
     for n, cmd in enumerate(cands):
         r = subprocess.run(cmd + ["scan", "--help"], capture_output=True, text=True, cwd=REPO)
         if r.returncode == 0:
@@ -202,6 +207,7 @@ def evaluate(
     sel = np.flatnonzero(valid_match)
     jm[sel] = g.jaccard_many(sel, match[sel])
     correct = valid_match & (np.nan_to_num(jm, nan=-1) >= threshold)
+    unrelated = flagged & (np.nan_to_num(jm, nan=-1) < UNRELATED_J)  # incl. a match that is no earlier page
     positive = g.best_j >= threshold
     kinds = np.array(corpus.kinds)
 
@@ -217,6 +223,8 @@ def evaluate(
             "flagged_correct_match": int(c.sum()),
             "positives_flagged": tp_r,
             "positives_flagged_correct_match": int((c & p).sum()),
+            "false_matches": int(f.sum() - c.sum()),
+            "below_0.5": int((unrelated & mask).sum()),
             "precision": prec,
             "recall": rec,
             "f1": f1,
@@ -289,7 +297,7 @@ def evaluate(
         bi = np.array([b for _, b in pv])
         jp = g.jaccard_many(vi, bi)
         later = np.maximum(vi, bi)
-        for kind in KINDS[1:]:
+        for kind in VARIANT_KINDS:
             m = np.array([corpus.kinds[i] == kind for i in vi])
             ge = m & (jp >= threshold)
             pairs[kind] = {
@@ -311,6 +319,7 @@ def evaluate(
                     }
                 )
     res["variant_pairs"] = pairs
+    res["flagged_below_0.5"] = [ex_fp(i) for i in np.flatnonzero(unrelated)]
     res["markup_misses"] = misses
 
     worst_fp = sorted(fp, key=lambda i: np.nan_to_num(jm[i], nan=-1))[:n_examples]
@@ -351,17 +360,22 @@ def _f(x: float) -> str:
 
 def print_report(res: dict, title: str) -> None:
     print(f"\n== {title}  [{res['input_kind']}: {res['input']}]  J* = {res['threshold']}")
-    print(f"{'slice':<22}{'pages':>7}{'pos':>7}{'flag':>7}{'prec':>8}{'recall':>8}{'f1':>8}")
+    print(f"{'slice':<22}{'pages':>7}{'pos':>7}{'flag':>7}{'prec':>8}{'recall':>8}{'f1':>8}{'false':>7}{'<0.5':>6}")
 
     def row(name: str, b: dict) -> None:
         print(
             f"{name:<22}{b['pages']:>7}{b['positives']:>7}{b['flagged']:>7}"
             f"{_f(b['precision']):>8}{_f(b['recall']):>8}{_f(b['f1']):>8}"
+            f"{b['false_matches']:>7}{b['below_0.5']:>6}"
         )
 
     row("overall", res["overall"])
     for k, b in res["by_kind"].items():
         row(f"  kind={k}", b)
+    print(
+        f"pages flagged against a match below J {UNRELATED_J}: {res['overall']['below_0.5']} (goal 0); "
+        f"false matches of listing pages: {res['by_kind'].get('listing', {}).get('false_matches', 'n/a')}"
+    )
     print("recall by best-earlier-J bin (flag rate below J* = false-positive pressure):")
     print("  " + "  ".join(f"{lbl} {_f(b['flag_rate'])} ({b['pages']})" for lbl, b in res["by_best_j"].items()))
     if res.get("variant_pairs"):
@@ -380,6 +394,10 @@ def print_report(res: dict, title: str) -> None:
         print(
             f"  markup-only pair missed: {m['variant']} / {m['base']} (later: {m['later']}), "
             f"transforms {m['transforms']}"
+        )
+    for e in res.get("flagged_below_0.5", []):
+        print(
+            f"  below {UNRELATED_J}: {e['id']} [{e['kind']}] -> {e['match_id']}  J={e['J_match']} dist={e['distance']}"
         )
     if res["problems"]:
         print(f"verdict file problems: {res['problems']}")
@@ -635,6 +653,9 @@ def self_check(args: argparse.Namespace) -> int:
             failures,
         )
         _check(not res["problems"], f"oracle: no verdict-file problems {res['problems']}", failures)
+        _check(
+            res["overall"]["below_0.5"] == 0, f"oracle: flagged below J 0.5: {res['overall']['below_0.5']}", failures
+        )
         # 2. a deliberately bad one
         p = OUT / f"selfcheck-bad-{corpus.label}.jsonl"
         p.write_text("".join(json.dumps(v) + "\n" for v in bad_verdicts(corpus, g, rng)), encoding="utf-8")
@@ -643,6 +664,11 @@ def self_check(args: argparse.Namespace) -> int:
         _check(
             o["precision"] < 0.5 and 0.3 < o["recall"] < 0.7,
             f"bad (random half, previous page): P={o['precision']:.3f} (want << 1) R={o['recall']:.3f} (want ~0.5)",
+            failures,
+        )
+        _check(
+            o["below_0.5"] > 0.9 * o["false_matches"] > 0,
+            f"bad: below J 0.5 {o['below_0.5']} of {o['false_matches']} false matches (want most)",
             failures,
         )
         # 3. flags nothing / flags all with best match but drops a third

@@ -6,8 +6,9 @@
     ├── RecordError      a record or page that cannot be judged: (reason, message); the reason is
     │                    a dead-letter header value and a metric label (see REASONS)
     ├── SettingsError    a setting is invalid; the message names the flag and the env var
-    └── ClientError       Kafka cannot be used as configured; the message says what to do
-        └── TopicError   the cluster's topics do not fit the settings
+    ├── ClientError       Kafka cannot be used as configured; the message says what to do
+    │   └── TopicError   the cluster's topics do not fit the settings
+    └── SchemeError      stored state (changelog, snapshot) of another fingerprint scheme
 
 >>> e = RecordError("empty", "page has no content")
 >>> e.reason, str(e)
@@ -18,7 +19,7 @@
 
 from __future__ import annotations
 
-__all__ = ["StreamdedupError", "RecordError", "SettingsError", "ClientError", "TopicError", "REASONS"]
+__all__ = ["StreamdedupError", "RecordError", "SettingsError", "ClientError", "TopicError", "SchemeError", "REASONS"]
 
 #: Every reason a record can be rejected for (a metric label and a dead-letter header value).
 #: ``empty``, ``binary``, ``not_text`` and ``unparsable`` come from the text extractor,
@@ -72,3 +73,15 @@ class ClientError(StreamdedupError, RuntimeError):
 
 class TopicError(ClientError):
     """The cluster's topics do not fit the settings; the message says how to fix it."""
+
+
+class SchemeError(StreamdedupError, ValueError):
+    """Stored state was written with another fingerprint scheme (``streamdedup.fingerprinting.SCHEME``):
+    fingerprints of two schemes never share an index.  The message says what to do."""
+
+    def __init__(self, message: str, found: int, expected: int) -> None:
+        super().__init__(message)
+        self.found, self.expected = found, expected
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.found, self.expected))

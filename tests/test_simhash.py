@@ -1,14 +1,19 @@
 """Simhash: equal to Charikar's definition computed bit by bit, and pinned by golden values.
 
 The golden fingerprints pin the whole chain (text extraction, words, xxh3 word hashes, shingle
-mixing, accumulation).  If one changes, every stored fingerprint in every deployment changes
-meaning: update them only on purpose, with a note in the changelog.
+mixing, feature weights, accumulation) for one fingerprint scheme
+(``streamdedup.fingerprinting.SCHEME``).  If one changes, every stored fingerprint in every
+deployment changes meaning: that is a new scheme.  Bump SCHEME and re-pin them under its number,
+only on purpose.
 """
 
 from __future__ import annotations
 
+import math
+import random
 import subprocess
 import sys
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -16,27 +21,75 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streamdedup import fingerprint, hamming
-from streamdedup.fingerprinting.simhash import from_hex, hamming_many, simhash, simhash_many, to_hex
+from streamdedup.fingerprinting import SCHEME
+from streamdedup.fingerprinting.simhash import (
+    distinct_features,
+    feature_weights,
+    from_hex,
+    hamming_many,
+    simhash,
+    simhash_many,
+    to_hex,
+)
 
 
 def charikar(features: list[int]) -> int:
-    """The textbook definition: +1 for a set bit, -1 for a clear bit, sign of each sum."""
+    """The textbook definition, with scheme 2's weights: each distinct feature adds its weight
+    1 + floor(log2(occurrences)) for a set bit and subtracts it for a clear bit; the fingerprint
+    is the sign of each sum."""
     v = [0] * 64
-    for f in features:
+    for f, tf in Counter(features).items():
+        w = tf.bit_length()  # 1 + floor(log2(tf))
         for i in range(64):
-            v[i] += 1 if f >> i & 1 else -1
+            v[i] += w if f >> i & 1 else -w
     return sum(1 << i for i in range(64) if v[i] > 0)
 
 
-@given(st.lists(st.lists(st.integers(0, 2**64 - 1), max_size=40), min_size=1, max_size=8))
+# few distinct values, so that features repeat
+FEATURES = st.lists(st.integers(0, 2**64 - 1) | st.sampled_from([0, 1, 2**63, 2**64 - 1, 0xF0F0]), max_size=60)
+
+
+@given(st.lists(FEATURES, min_size=1, max_size=8))
 def test_batch_equals_textbook_definition(batches):
     got = simhash_many([np.array(b, dtype=np.uint64) for b in batches])
     assert [int(x) for x in got] == [charikar(b) for b in batches]
 
 
-def test_repeated_feature_weighs_more():
-    a, b = 0xFFFF_0000_0000_0000, 0x0000_0000_0000_FFFF
-    assert simhash(np.array([a, a, b], dtype=np.uint64)) == a
+# values that differ only in their high bits share a hash-table slot in distinct_features
+COLLIDING = st.integers(0, 15).map(lambda x: x << 60 | 0xABC) | st.integers(0, 2**64 - 1)
+
+
+@given(st.lists(st.lists(COLLIDING, max_size=30), max_size=6))
+def test_distinct_features_counts_every_feature_of_every_page(pages):
+    f, p, c = distinct_features([np.array(x, dtype=np.uint64) for x in pages])
+    got = sorted(zip(p.tolist(), f.tolist(), c.tolist()))
+    assert got == sorted((i, v, n) for i, x in enumerate(pages) for v, n in Counter(x).items())
+
+
+@given(st.lists(st.integers(1, 2**40), max_size=50))
+def test_weights_are_one_plus_floor_log2(tfs):
+    assert feature_weights(np.array(tfs, dtype=np.int64)).tolist() == [1 + math.floor(math.log2(t)) for t in tfs]
+
+
+def test_repeated_feature_weighs_more_but_only_logarithmically():
+    a, b, c = 0xFFFF_0000_0000_0000, 0x0000_0000_0000_FFFF, 0x0000_FFFF_0000_0000
+    assert simhash(np.array([a, a, b], dtype=np.uint64)) == a  # 2 against 1
+    # 400 occurrences weigh 9, not 400: ten distinct features outvote them
+    page = np.array([a] * 400 + [b] * 1 + [c] * 1 + list(range(3, 11)), dtype=np.uint64)
+    assert simhash(page) != a and charikar(page.tolist()) == simhash(page)
+
+
+def _index_page(names: list[str], rng: random.Random) -> str:
+    return " ".join(f"{n} (in module {rng.choice(['os', 'sys', 're', 'json'])})" for n in names)
+
+
+def test_no_phrase_outvotes_a_page():
+    """Two index pages that share one phrase, repeated on every line, and no entry: far apart
+    (scheme 1 put them within 3 bits: the phrase outvoted everything else)."""
+    rng = random.Random(0)
+    names = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(8)) for _ in range(600)]
+    s, u = _index_page(names[:300], rng), _index_page(names[300:], rng)
+    assert hamming(fingerprint(s, "text/plain"), fingerprint(u, "text/plain")) > 12
 
 
 @given(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))
@@ -56,6 +109,10 @@ def test_bad_hex(bad):
         from_hex(bad)
 
 
+# Golden fingerprints of scheme 2.  The first six pages repeat no word bigram, so they kept their
+# scheme 1 values; "listing" and "repeated" repeat bigrams (their scheme 1 values were
+# f1c42feca323f70f and ade63ca6ce91b92e), so they pin the weights.
+GOLDEN_SCHEME = 2
 GOLDEN = {
     "ascii": (
         "text/plain",
@@ -72,11 +129,24 @@ GOLDEN = {
     "cjk": ("text/plain", "東京タワーは日本の電波塔です。中文网页的近似重复检测。", "16dc01788dd73b43"),
     "arabic": ("text/plain", "مرحبا بالعالم، هذه صفحة ويب مكررة تقريبا", "306c43a129c1c9c8"),
     "emoji": ("text/plain", "Launch day 🚀🚀 party 🎉 with 👩‍💻 developers and ☕ coffee", "b4084eda83c42000"),
+    "listing": (
+        "text/html",
+        "<ul><li>abs() (built-in function)</li><li>all() (built-in function)</li><li>any() (built-in function)"
+        "</li><li>ascii() (built-in function)</li><li>bin() (built-in function)</li><li>bool (built-in class)"
+        "</li><li>breakpoint() (built-in function)</li><li>bytearray (built-in class)</li></ul>",
+        "f1842fcc2323f606",
+    ),
+    "repeated": (
+        "text/plain",
+        "Привет, мир! Привет, мир! Привет, мир! Ça va? Ça va? 東京東京東京は日本の首都です。 مرحبا مرحبا 🚀🚀🚀 launch",
+        "adee3c268691b92e",
+    ),
 }
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN))
 def test_golden_fingerprints(name):
+    assert SCHEME == GOLDEN_SCHEME, "a new scheme: re-pin the golden fingerprints under its number"
     content_type, content, expected = GOLDEN[name]
     assert to_hex(fingerprint(content, content_type)) == expected
 

@@ -9,9 +9,12 @@ import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
 
+from streamdedup.errors import SchemeError
+from streamdedup.fingerprinting import SCHEME
 from streamdedup.index.tables import TableDesign
 from streamdedup.pipeline.shard import Shard, ShardPlan
-from streamdedup.pipeline.wire import ANSWERS, CHANGELOG, PROBES, Batch, decode, encode
+from streamdedup.pipeline.wire import ANSWERS, CHANGELOG, PROBES, Batch, decode, encode, kind_of
+from streamdedup.stream.store import load_snapshot, snapshot_meta
 
 TEXT = st.text(max_size=40)
 ID = st.text(min_size=1, max_size=40) | st.just("http://same/")  # never empty; sometimes the url itself
@@ -154,3 +157,71 @@ def test_a_damaged_or_foreign_snapshot_is_refused(tmp_path):
     (tmp_path / "bad.npz").write_bytes(b"not a zip")
     with pytest.raises(ValueError, match="cannot read the shard snapshot"):
         Shard.load(tmp_path / "bad.npz", plan)
+
+
+# ---------------------------------------------------------------- fingerprint schemes
+
+
+def _old_layout(value: bytes) -> bytes:
+    """The same batch in the layout before the scheme byte (b"SDB1" | kind u8 | n u32), as
+    streamdedup wrote it with fingerprint scheme 1."""
+    kind, n = value[4], int.from_bytes(value[6:10], "little")
+    return b"SDB1" + bytes([kind]) + n.to_bytes(4, "little") + value[10:]
+
+
+def test_a_changelog_record_of_another_scheme_is_refused_with_what_to_do():
+    assert SCHEME == 2 and _ONE[:4] == b"SDB2" and _ONE[5] == SCHEME
+    old = _old_layout(_ONE)
+    assert kind_of(old) == CHANGELOG  # still recognised, so the worker can say what it is
+    with pytest.raises(SchemeError, match=r"shard changelog batch holds fingerprints of scheme 1.*--app-id") as e:
+        decode([_ONE, old], CHANGELOG)
+    assert (e.value.found, e.value.expected) == (1, SCHEME)
+    future = _ONE[:5] + bytes([SCHEME + 1]) + _ONE[6:]
+    with pytest.raises(SchemeError, match=f"scheme {SCHEME + 1}.*computes fingerprint scheme {SCHEME}"):
+        decode([future])
+    assert isinstance(e.value, ValueError)  # callers that drop malformed batches drop these too
+
+
+def _saved(tmp_path, meta: dict) -> tuple:
+    plan = ShardPlan(TableDesign.named("16"), 2)
+    shard = Shard(plan)
+    shard.probe_and_insert(
+        np.array([0]), np.array([5], np.uint64), np.array([1]), np.array([9], np.uint64), ["a"], ["u"]
+    )
+    path = tmp_path / "app-shards-changelog-0.npz"
+    shard.save(path, meta)
+    return path, plan
+
+
+def test_a_snapshot_records_its_scheme_and_changelog_and_loads_when_it_matches(tmp_path):
+    path, plan = _saved(tmp_path, snapshot_meta(7, "app-shards-changelog"))
+    loaded = load_snapshot(path, plan, "app-shards-changelog", end_offset=8)
+    assert loaded is not None and loaded[1] == 7 and len(loaded[0]) == 1
+    assert Shard.load(path, plan)[1]["scheme"] == SCHEME
+
+
+@pytest.mark.parametrize(
+    "meta, end, problem",
+    [
+        ({"offset": 7}, 100, "scheme 1, and this worker computes scheme 2"),  # written before schemes were recorded
+        ({**snapshot_meta(7, "app-shards-changelog"), "scheme": 3}, 100, "scheme 3"),
+        (snapshot_meta(7, "other-shards-changelog"), 100, "taken from the changelog 'other-shards-changelog'"),
+        (snapshot_meta(7, "app-shards-changelog"), 0, "recreated or truncated"),  # the topic was recreated empty
+        (snapshot_meta(7, "app-shards-changelog"), 7, "ends before offset 7"),
+    ],
+)
+def test_a_snapshot_that_does_not_match_the_cluster_is_discarded_with_a_warning(tmp_path, caplog, meta, end, problem):
+    path, plan = _saved(tmp_path, meta)
+    with caplog.at_level("WARNING"):
+        assert load_snapshot(path, plan, "app-shards-changelog", end_offset=end) is None
+    assert problem in caplog.text and "rebuilding the shard from the changelog" in caplog.text
+    # set aside, so that it cannot pass for a snapshot of the new changelog once that grows past its offset
+    assert not path.exists() and path.with_name(path.name + ".discarded").exists()
+    assert load_snapshot(path, plan, "app-shards-changelog", end_offset=10**6) is None
+
+
+def test_a_snapshot_of_another_plan_is_discarded_not_fatal(tmp_path, caplog):
+    path, _ = _saved(tmp_path, snapshot_meta(7, "app-shards-changelog"))
+    with caplog.at_level("WARNING"):
+        assert load_snapshot(path, ShardPlan(TableDesign.named("16"), 3), "app-shards-changelog", None) is None
+    assert "another shard plan" in caplog.text

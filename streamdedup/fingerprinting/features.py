@@ -17,7 +17,8 @@ Shingles
     Every run of ``n`` consecutive words (``n = 3`` by default), hashed by combining the word
     hashes in numpy (an order-sensitive polynomial, then the splitmix64 finaliser).  A text
     with fewer than ``n`` words has one shingle made of all its words.  Occurrences are kept
-    (not de-duplicated): a shingle that occurs twice weighs twice in simhash.
+    (not de-duplicated): simhash weighs a shingle by how often it occurs, sublinearly
+    (``1 + floor(log2(tf))``, see simhash.py), and MinHash uses the set.
 
 >>> words("Hello, World! Ça va? 東京")
 ['hello', 'world', 'ça', 'va', '東', '京']

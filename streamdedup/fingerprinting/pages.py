@@ -17,9 +17,10 @@ from streamdedup.fingerprinting.text import visible_text
 
 __all__ = ["SIMHASH_WORDS", "MINHASH_WORDS", "fingerprint", "simhash_texts", "Fingerprints"]
 
-#: Words per simhash feature.  Bigrams, weighted by their frequency in the page: on the
-#: benchmark corpus (bench/README.md) they gave the best precision/recall balance at k = 3;
-#: trigrams are stricter (fewer false matches, more misses), single words the reverse.
+#: Words per simhash feature.  Bigrams, each distinct one weighted 1 + floor(log2(its count in
+#: the page)) (simhash.feature_weights): on the benchmark corpus (bench/README.md) bigrams gave
+#: the best precision/recall balance at k = 3; trigrams are stricter (fewer false matches, more
+#: misses), single words the reverse.
 SIMHASH_WORDS = 2
 #: Words per MinHash shingle: trigrams, so that resemblance estimates the Jaccard similarity
 #: of word 3-shingles, the usual definition of a near-duplicate.

@@ -4,7 +4,7 @@ The stream worker moves fingerprints between its stages in batches (one Kafka me
 batch and destination, never one per probe), and a shard's changelog holds one record per
 batch of stored pages.  All three use one layout, decoded with a single ``np.frombuffer``::
 
-    magic b"SDB1" | kind u8 | n u32 | n rows of ROW (48 bytes) | strings
+    magic b"SDB2" | kind u8 | scheme u8 | n u32 | n rows of ROW (48 bytes) | strings
 
     ROW: fp u64 | fetched i64 (ms) | id_hash u64 | request u64 | group u16 | distance i16
          | partition u32 | id_len u32 | url_len u32            (little-endian)
@@ -17,6 +17,11 @@ default id) is written empty, since ids are never empty.  What the fields mean:
 * an **answer**: the best earlier match in that group (``distance`` -1 and empty strings when
   there is none; otherwise the match's fingerprint, order key, id hash, id and url);
 * a **changelog** record: pages a shard stored (``request``, ``distance``, ``partition`` 0).
+
+``scheme`` is the fingerprint scheme (:data:`streamdedup.fingerprinting.SCHEME`) the row's
+fingerprints were computed with.  :func:`decode` refuses a batch of another scheme with a
+:class:`~streamdedup.errors.SchemeError` (fingerprints of two schemes must never share an index);
+batches of the older layout ``b"SDB1" | kind u8 | n u32`` were all written by scheme 1.
 
 >>> b = Batch.build(group=[1], fps=[0xABC], fetched=[5], id_hash=[7], ids=["p1"], urls=["http://a/"])
 >>> d = decode([encode(b, CHANGELOG)]); int(d.group[0]), hex(int(d.fps[0])), d.ids(), d.urls()
@@ -31,7 +36,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ROW", "PROBES", "ANSWERS", "CHANGELOG", "CHECKS", "Batch", "encode", "decode", "kind_of"]
+from streamdedup.errors import SchemeError
+from streamdedup.fingerprinting import SCHEME
+
+__all__ = ["ROW", "PROBES", "ANSWERS", "CHANGELOG", "CHECKS", "SCHEME_ADVICE", "Batch", "encode", "decode", "kind_of"]
 
 ROW = np.dtype(
     [
@@ -48,8 +56,16 @@ ROW = np.dtype(
 )
 assert ROW.itemsize == 48
 PROBES, ANSWERS, CHANGELOG, CHECKS = 1, 2, 3, 4  # CHECKS: probes that only look (POST /check)
-_MAGIC = b"SDB1"
-_HEAD = struct.Struct("<4sBI")
+_MAGIC = b"SDB2"
+_HEAD = struct.Struct("<4sBBI")
+_MAGIC_V1 = b"SDB1"  # the layout before the scheme byte: every such batch is scheme 1
+_HEAD_V1 = struct.Struct("<4sBI")
+#: What an operator does about state of another scheme (the worker's messages add the topics).
+SCHEME_ADVICE = (
+    "run this version with a new --app-id (its shards start empty), or delete the app's "
+    "internal topics (<app-id>-shards-changelog, -probes, -answers) and its --data-dir snapshots, "
+    "or go on with the streamdedup version that wrote them"
+)
 
 
 @dataclass
@@ -158,21 +174,26 @@ class Batch:
 
 def encode(batch: Batch, kind: int) -> bytes:
     """One message value for ``batch``."""
-    return _HEAD.pack(_MAGIC, kind, len(batch.rows)) + batch.rows.tobytes() + batch.strings
+    return _HEAD.pack(_MAGIC, kind, SCHEME, len(batch.rows)) + batch.rows.tobytes() + batch.strings
 
 
 def decode(values: Sequence[bytes], kind: int | None = None) -> Batch:
-    """Decode message values into one batch (raises ValueError on a malformed value).
+    """Decode message values into one batch (raises ValueError on a malformed value, and
+    :class:`~streamdedup.errors.SchemeError`, a ValueError, on a batch of another scheme).
 
     ``kind``: the kind every value must have (None: any, taken from the first).
     """
     rows, strings = [], []
     for value in values:
+        if value[:4] == _MAGIC_V1:
+            _refuse(1, _HEAD_V1.unpack_from(value)[1] if len(value) >= _HEAD_V1.size else None)
         if len(value) < _HEAD.size:
             raise ValueError(f"a batch of {len(value)} bytes is shorter than its header")
-        magic, k, n = _HEAD.unpack_from(value)
+        magic, k, scheme, n = _HEAD.unpack_from(value)
         if magic != _MAGIC:
             raise ValueError(f"not a streamdedup batch (magic {magic!r})")
+        if scheme != SCHEME:
+            _refuse(scheme, k)
         if kind is not None and k != kind:
             raise ValueError(f"expected a batch of kind {kind}, got kind {k}")
         kind = k
@@ -188,10 +209,23 @@ def decode(values: Sequence[bytes], kind: int | None = None) -> Batch:
 
 
 def kind_of(value: bytes) -> int | None:
-    """The kind of an encoded batch (None if it is not one)."""
-    if len(value) < _HEAD.size or value[:4] != _MAGIC:
+    """The kind of an encoded batch, of any scheme (None if it is not one)."""
+    if len(value) < 5 or value[:4] not in (_MAGIC, _MAGIC_V1):
         return None
     return value[4]
+
+
+_KIND_NAMES = {PROBES: "probe", ANSWERS: "answer", CHANGELOG: "shard changelog", CHECKS: "check"}
+
+
+def _refuse(scheme: int, kind: int | None) -> None:
+    what = _KIND_NAMES.get(kind or 0, "streamdedup")
+    raise SchemeError(
+        f"a {what} batch holds fingerprints of scheme {scheme}, but this streamdedup computes "
+        f"fingerprint scheme {SCHEME}; fingerprints of two schemes cannot share an index: {SCHEME_ADVICE}",
+        scheme,
+        SCHEME,
+    )
 
 
 def _split(blob: bytes, lens: np.ndarray) -> list[str]:

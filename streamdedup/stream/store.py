@@ -6,11 +6,19 @@ faust's recovery replays the changelog through :meth:`ShardStore.apply_changelog
 in-memory shard already covers, or the one a local snapshot (``data_dir``) covers, so a
 restart replays only the changelog's tail.  Snapshots are written by the shard stage between
 batches, when the shard and its offset agree, and when the worker stops.
+
+A snapshot is used only if it matches the cluster: the same changelog topic and shard plan,
+the same fingerprint scheme, and an offset the changelog has reached.  One that does not (the
+topics were recreated empty, the snapshot was written by another scheme) is discarded with a
+warning and the shard is rebuilt from the changelog.  A changelog record of another fingerprint
+scheme stops the worker with a message that says what to do: two schemes never share an index.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -21,13 +29,72 @@ import faust.stores
 from faust.stores import base
 from faust.types import TP
 
+from streamdedup.errors import SchemeError
+from streamdedup.fingerprinting import SCHEME as FINGERPRINT_SCHEME
 from streamdedup.pipeline.shard import Shard, ShardPlan
 from streamdedup.pipeline.wire import CHANGELOG, decode
 
-__all__ = ["ShardStore", "SCHEME"]
+__all__ = ["ShardStore", "SCHEME", "snapshot_meta", "stale_snapshot", "load_snapshot"]
 
-SCHEME = "sdshard"
+SCHEME = "sdshard"  # the faust store URL scheme (not the fingerprint scheme)
 log = logging.getLogger(__name__)
+
+
+def snapshot_meta(offset: int, changelog: str) -> dict:
+    """What a snapshot records about the state it holds."""
+    return {"offset": offset, "scheme": FINGERPRINT_SCHEME, "changelog": changelog}
+
+
+def stale_snapshot(meta: dict, changelog: str, end_offset: int | None) -> str | None:
+    """Why a snapshot with ``meta`` cannot stand for ``changelog`` (None: it can).
+
+    ``end_offset``: the changelog partition's end (the offset of its next record; None if
+    unknown).  A snapshot covers changelog records up to ``meta["offset"]``, so that offset must
+    be below the end: otherwise the topic was recreated or truncated since, and the snapshot
+    holds pages the cluster does not.  Snapshots written before schemes were recorded are
+    scheme 1.
+    """
+    scheme = meta.get("scheme", 1)
+    if scheme != FINGERPRINT_SCHEME:
+        return f"it holds fingerprints of scheme {scheme}, and this worker computes scheme {FINGERPRINT_SCHEME}"
+    if meta.get("changelog", changelog) != changelog:
+        return f"it was taken from the changelog {meta['changelog']!r}, not {changelog!r}"
+    offset = int(meta["offset"])
+    if end_offset is not None and offset >= end_offset:
+        return (
+            f"it covers the changelog up to offset {offset}, but the changelog ends before offset "
+            f"{end_offset}: the topic was recreated or truncated since the snapshot was taken"
+        )
+    return None
+
+
+def load_snapshot(path: Path, plan: ShardPlan, changelog: str, end_offset: int | None) -> tuple[Shard, int] | None:
+    """The shard in the snapshot at ``path`` and the changelog offset it covers, or None (with a
+    warning) when the snapshot is damaged or does not match the cluster: the caller then
+    rebuilds the shard from the changelog.  A discarded snapshot is renamed ``*.npz.discarded``."""
+    try:
+        shard, meta = Shard.load(path, plan)
+        problem = stale_snapshot(meta, changelog, end_offset)
+        offset = int(meta["offset"])
+    except (ValueError, KeyError, TypeError) as e:
+        problem = str(e)
+    if problem is not None:
+        # Set aside, not left in place: once the new changelog grows past its offset, a stale
+        # snapshot would pass the offset check (a crash before the next snapshot would do it).
+        target = path.with_name(path.name + ".discarded")
+        try:
+            os.replace(path, target)
+            aside = str(target)
+        except OSError as e:
+            aside = f"not moved: {e}"
+        log.warning(
+            "discarding the snapshot %s (%s); rebuilding the shard from the changelog (the file is now %s)",
+            path,
+            problem,
+            aside,
+        )
+        return None
+    return shard, offset
 
 
 class ShardStore(base.Store):
@@ -42,6 +109,8 @@ class ShardStore(base.Store):
         self.shards: dict[int, Shard] = {}
         self.offsets: dict[int, int] = {}  # partition -> last changelog offset the shard covers
         self.snapshot_at: dict[int, float] = {}
+        self.ends: dict[int, int] = {}  # partition -> changelog end offset when it was assigned
+        self._crashing: asyncio.Future | None = None
 
     @classmethod
     def configure(
@@ -79,7 +148,7 @@ class ShardStore(base.Store):
             return False
         path.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        shard.save(path, {"offset": self.offsets[partition]})
+        shard.save(path, snapshot_meta(self.offsets[partition], self._changelog()))
         log.info(
             "snapshot of shard %d: %d entries to changelog offset %d in %.2fs",
             partition,
@@ -92,19 +161,28 @@ class ShardStore(base.Store):
     def snapshot_due(self, partition: int, interval: float) -> bool:
         return time.monotonic() - self.snapshot_at.get(partition, 0.0) >= interval
 
+    def _changelog(self) -> str:
+        return self.table.changelog_topic.get_topic_name()
+
     def _load_snapshot(self, partition: int) -> None:
         path = self._snapshot_path(partition)
         if path is None or not path.exists():
             return
-        try:
-            shard, meta = Shard.load(path, self.plan)
-            offset = int(meta["offset"])
-        except (ValueError, KeyError, TypeError) as e:
-            log.warning("ignoring snapshot %s (%s); replaying the whole changelog", path, e)
+        loaded = load_snapshot(path, self.plan, self._changelog(), self._end_offset(partition))
+        if loaded is None:
             return
+        shard, offset = loaded
         self.shards[partition], self.offsets[partition] = shard, offset
         self.snapshot_at[partition] = time.monotonic()
         log.info("loaded snapshot of shard %d: %d entries, changelog offset %d", partition, len(shard), offset)
+
+    def _end_offset(self, partition: int) -> int | None:
+        end = self.ends.get(partition)
+        if end is None:  # the end offsets faust's recovery read for its own check (last offset)
+            recovery = getattr(getattr(self.app, "tables", None), "recovery", None)
+            last = getattr(recovery, "active_highwaters", {}).get(TP(self._changelog(), partition))
+            end = None if last is None else last + 1
+        return end
 
     # -------------------------------------------------------------- faust's recovery protocol
     def persisted_offset(self, tp: TP) -> int | None:
@@ -122,11 +200,27 @@ class ShardStore(base.Store):
         for event in batch:
             by_partition[event.message.partition].append(event.message)
         for partition, messages in by_partition.items():
-            rows = decode([m.value for m in messages if m.value], CHANGELOG)
+            try:
+                rows = decode([m.value for m in messages if m.value], CHANGELOG)
+            except SchemeError as e:
+                self._refuse(partition, e)
+                raise
             self.shard(partition).restore(rows)
             self.covered(partition, messages[-1].offset)
             if self.on_restored is not None:
                 self.on_restored(partition, len(messages))
+
+    def _refuse(self, partition: int, error: SchemeError) -> None:
+        """Stop the worker: its changelog holds another scheme's fingerprints (never mix them)."""
+        message = (
+            f"the shard changelog {self._changelog()} (partition {partition}) holds fingerprints of scheme "
+            f"{error.found}, and this worker computes scheme {error.expected}: they cannot share an index. "
+            f"Run this version with a new --app-id (or delete the topic {self._changelog()} and the app's other "
+            f"internal topics, and the snapshots in --data-dir), or go on with the streamdedup version that wrote it"
+        )
+        log.critical("%s", message)
+        crash = SchemeError(message, error.found, error.expected)
+        self._crashing = asyncio.ensure_future(self.app.crash(crash))  # keep a reference until it runs
 
     def reset_state(self) -> None:
         self.shards.clear()
@@ -135,12 +229,23 @@ class ShardStore(base.Store):
     async def on_rebalance(
         self, assigned: set[TP], revoked: set[TP], newly_assigned: set[TP], generation_id: int = 0
     ) -> None:
-        topic = self.table.changelog_topic.get_topic_name()
-        keep = {tp.partition for tp in assigned if tp.topic == topic}
+        topic = self._changelog()
+        mine = {tp for tp in assigned if tp.topic == topic}
+        keep = {tp.partition for tp in mine}
         for partition in [p for p in self.shards if p not in keep]:
             self.snapshot(partition)  # it may come back: a later recovery replays only the tail
             del self.shards[partition]
             self.offsets.pop(partition, None)
+        # The changelog's end offsets, to tell a snapshot of this cluster from a stale one before
+        # recovery seeks past it (faust's own check would stop the worker with ConsistencyError).
+        self.ends.clear()
+        unloaded = [tp for tp in mine if tp.partition not in self.shards]
+        if unloaded and self.data_dir is not None:
+            try:
+                ends = await self.app.consumer.highwaters(*unloaded)
+                self.ends.update({tp.partition: int(end) for tp, end in ends.items() if end is not None})
+            except Exception as e:  # recovery reads them again; _end_offset falls back to those
+                log.warning("cannot read the end offsets of %s: %s", topic, e)
 
     async def on_recovery_completed(self, active_tps: set[TP], standby_tps: set[TP]) -> None:
         for shard in self.shards.values():
