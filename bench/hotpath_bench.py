@@ -2,11 +2,12 @@
 
     python bench/hotpath_bench.py [--corpus bench/data] [--runs 7] [--limit 2000] [--cpu 0]
     python bench/hotpath_bench.py --jit          # numba import, compile and cache-load times (subprocesses)
+    python bench/hotpath_bench.py --profile      # time per stage of the two paths
 
 Every rate is measured in the same run as the others, on the same texts, pinned to one CPU,
-so that the ratios mean something on a shared, loaded machine.  Each run measures every
-option once, in turn; the script prints one JSON line per run, then for each ratio its median
-and its spread (min..max over runs).  Needs ``pip install -e '.[bench]'`` (gaoya, rensa, numba)
+so that the ratios mean something on a shared, loaded machine: the options take turns at
+every batch.  The script prints one JSON line per run (texts per second and ratios), then for
+each figure its median and its spread (min..max over runs).  Needs ``pip install -e '.[bench]'`` (gaoya, rensa, numba)
 and the corpus of ``python bench/corpus.py``.
 
 What is timed (texts in batches of 256, as ``scan`` and the worker do):
@@ -19,7 +20,8 @@ What is timed (texts in batches of 256, as ``scan`` and the worker do):
                      (bytes.translate + split for ASCII, a regex for non-ASCII tokens), numpy shingles
 ``gaoya``            gaoya's ``SimHash64StringIntIndex(analyzer="word", lowercase=True,
                      ngram_range=(2, 2)).doc2signature(t)`` per text (Rust)
-``minhash``          ``Fingerprints(batch).minhash``: words, trigram shingles, 128 permutations
+``minhash``          words, trigram shingles and 128-permutation signatures of a batch
+                     (``word_hashes_many``, ``shingle_hashes_many``, ``minhash_signatures_flat``)
 ``minhash_numpy``    the same with the kernels switched off
 ``rensa``            ``m = RMinHash(128, seed=1); m.update(t.split()); m.digest()`` per text (Rust)
 """
@@ -36,20 +38,29 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import xxhash
 
 from streamdedup.fingerprinting import kernels
-from streamdedup.fingerprinting.features import FEATURE_SEED, shingle_hashes
-from streamdedup.fingerprinting.pages import SIMHASH_WORDS, Fingerprints, simhash_texts
+from streamdedup.fingerprinting.features import (
+    FEATURE_SEED,
+    WORD_MUL,
+    shingle_hashes,
+    shingle_hashes_many,
+    split_counts,
+    word_hashes_many,
+)
+from streamdedup.fingerprinting.minhash import minhash_signatures_flat
+from streamdedup.fingerprinting.pages import MINHASH_WORDS, SIMHASH_WORDS, Fingerprints, simhash_texts
 from streamdedup.fingerprinting.simhash import simhash_many
-from streamdedup.fingerprinting.tokens import NOSPACE
+from streamdedup.fingerprinting.tokens import NOSPACE, encode_batch
+from streamdedup.fingerprinting.tokens import table as _table
 
 BATCH = 256
+_SEED, _WMUL = np.uint64(FEATURE_SEED), np.uint64(WORD_MUL)
 
 
 def load(path: Path, limit: int) -> list[str]:
@@ -59,17 +70,6 @@ def load(path: Path, limit: int) -> list[str]:
 
 def batched(items: list, size: int = BATCH) -> list[list]:
     return [items[i : i + size] for i in range(0, len(items), size)]
-
-
-@contextmanager
-def numpy_path() -> Iterator[None]:
-    """Switch the compiled kernels off for the duration (the code reads the flag per call)."""
-    saved = kernels.AVAILABLE
-    kernels.AVAILABLE = False
-    try:
-        yield
-    finally:
-        kernels.AVAILABLE = saved
 
 
 # ---- the previous scheme's word path (xxh3 per word), kept here only to measure it ----------
@@ -113,47 +113,99 @@ def simhash_xxh3(texts: list[str]) -> np.ndarray:
 # ---- one run -------------------------------------------------------------------------------
 
 
-def rate(n: int, fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return n / (time.perf_counter() - t0)
+def minhash_texts(texts: list[str]) -> np.ndarray:
+    """Text -> MinHash-128 signatures of a batch, and nothing else."""
+    return minhash_signatures_flat(*shingle_hashes_many(*word_hashes_many(texts), MINHASH_WORDS), 128)
 
 
 def one_run(texts: list[str], gaoya_index, rensa_cls) -> dict[str, float]:
-    n = len(texts)
-    batches = batched(texts)
-    out: dict[str, float] = {}
+    """Texts per second of every option, measured batch by batch in turn.
 
-    def sim_numpy() -> None:
-        with numpy_path():
-            for b in batches:
-                simhash_texts(b)
+    Options alternate at every batch of 256 texts (a fraction of a second each), so a change
+    of load on the shared machine hits all of them alike and the ratios stay meaningful.
+    """
 
-    def min_numpy() -> None:
-        with numpy_path():
-            for b in batches:
-                Fingerprints(b).minhash  # noqa: B018
+    def split(b: list[str]) -> None:
+        for t in b:
+            t.lower().split()
 
-    def rensa() -> None:
-        for t in texts:
+    def sim_numpy(b: list[str]) -> None:
+        with kernels.numpy_only():
+            simhash_texts(b)
+
+    def min_numpy(b: list[str]) -> None:
+        with kernels.numpy_only():
+            minhash_texts(b)
+
+    def gaoya(b: list[str]) -> None:
+        for t in b:
+            gaoya_index.doc2signature(t)
+
+    def rensa(b: list[str]) -> None:
+        for t in b:
             m = rensa_cls(128, 1)
             m.update(t.split())
             m.digest()
 
-    out["split"] = rate(n, lambda: [t.lower().split() for t in texts])
-    out["simhash"] = rate(n, lambda: [simhash_texts(b) for b in batches])
-    out["simhash_numpy"] = rate(n, sim_numpy)
-    out["simhash_xxh3"] = rate(n, lambda: [simhash_xxh3(b) for b in batches])
-    out["gaoya"] = rate(n, lambda: [gaoya_index.doc2signature(t) for t in texts])
-    out["minhash"] = rate(n, lambda: [Fingerprints(b).minhash for b in batches])
-    out["minhash_numpy"] = rate(n, min_numpy)
-    out["rensa"] = rate(n, rensa)
+    options: dict[str, Callable[[list[str]], object]] = {
+        "split": split,
+        "simhash": simhash_texts,
+        "simhash_numpy": sim_numpy,
+        "simhash_xxh3": simhash_xxh3,
+        "gaoya": gaoya,
+        "minhash": minhash_texts,
+        "minhash_numpy": min_numpy,
+        "rensa": rensa,
+    }
+    spent = dict.fromkeys(options, 0.0)
+    for b in batched(texts):
+        for name, fn in options.items():
+            t0 = time.perf_counter()
+            fn(b)
+            spent[name] += time.perf_counter() - t0
+    out = {name: len(texts) / t for name, t in spent.items()}
     for key in ("simhash", "simhash_numpy", "simhash_xxh3"):
         out[f"{key}_vs_gaoya"] = out[key] / out["gaoya"]
         out[f"{key}_vs_split"] = out[key] / out["split"]
     for key in ("minhash", "minhash_numpy"):
         out[f"{key}_vs_rensa"] = out[key] / out["rensa"]
     return out
+
+
+def profile(texts: list[str], runs: int) -> None:
+    """Where the time of text -> simhash and text -> MinHash goes, stage by stage (best of runs)."""
+    batches = batched(texts)
+    enc = [encode_batch(b) for b in batches]
+    words = [word_hashes_many(b) for b in batches]
+    sh2 = [shingle_hashes_many(*w, SIMHASH_WORDS) for w in words]
+    sh3 = [shingle_hashes_many(*w, MINHASH_WORDS) for w in words]
+    parts = [split_counts(*s) for s in sh2]
+    fast = kernels.compiled()
+    assert fast is not None, "the profile times the compiled kernels: pip install numba"
+    stages: dict[str, Callable[[], object]] = {
+        "split (str.lower().split())": lambda: [t.lower().split() for t in texts],
+        "encode (code points, tokens.encode_batch)": lambda: [encode_batch(b) for b in batches],
+        "word kernel (after encode)": lambda: [
+            fast.word_hashes(e.codes, e.bounds, _table(), _SEED, _WMUL) for e in enc
+        ],
+        "bigram shingles": lambda: [shingle_hashes_many(*w, SIMHASH_WORDS) for w in words],
+        "split_counts (per-page views)": lambda: [split_counts(*s) for s in sh2],
+        "simhash_many (accumulation, simhash.py)": lambda: [simhash_many(p) for p in parts],
+        "trigram shingles": lambda: [shingle_hashes_many(*w, MINHASH_WORDS) for w in words],
+        "minhash signatures (after shingles)": lambda: [minhash_signatures_flat(*s, 128) for s in sh3],
+    }
+    best = {}
+    for name, fn in stages.items():
+        fn()
+        times = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        best[name] = min(times)
+    base = best["split (str.lower().split())"]
+    for name, t in best.items():
+        print(f"{name:45s} {1e6 * t / len(texts):8.1f} us/text  {t / base:6.3f} x split's time")
 
 
 # ---- JIT costs -----------------------------------------------------------------------------
@@ -198,6 +250,7 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=2000, help="pages to use")
     p.add_argument("--cpu", type=int, default=None, help="CPU to pin to (default: the first allowed)")
     p.add_argument("--jit", action="store_true", help="measure numba's import/compile/cache-load times instead")
+    p.add_argument("--profile", action="store_true", help="time each stage instead (best of --runs)")
     args = p.parse_args()
     if args.jit:
         jit_times()
@@ -217,9 +270,12 @@ def main() -> None:
     ascii_share = sum(map(str.isascii, texts)) / len(texts)
     print(
         f"# {platform.machine()} pinned to cpu {cpu} of {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}, "
-        f"Python {platform.python_version()}, numba kernels: {kernels.AVAILABLE}; {len(texts)} texts, "
+        f"Python {platform.python_version()}, numba kernels: {kernels.available()}; {len(texts)} texts, "
         f"{chars:,.0f} chars and {words:,.0f} words on average, {ascii_share:.0%} all-ASCII; batches of {BATCH}"
     )
+    if args.profile:
+        profile(texts, args.runs)
+        return
     runs = []
     for _ in range(args.runs):
         r = one_run(texts, gaoya_index, RMinHash)

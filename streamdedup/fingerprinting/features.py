@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
+from types import ModuleType
 
 import numpy as np
 
@@ -93,10 +94,14 @@ def mix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> _U64(31))
 
 
-def _use_kernels(compiled: bool | None) -> bool:
-    if compiled and not kernels.AVAILABLE:
+def _kernels(compiled: bool | None) -> ModuleType | None:
+    """The kernel module to use, or None for numpy (``compiled``: None = whichever is available)."""
+    if compiled is False:
+        return None
+    module = kernels.compiled()
+    if compiled and module is None:
         raise RuntimeError("the compiled kernels need numba (pip install numba)")
-    return kernels.AVAILABLE if compiled is None else compiled
+    return module
 
 
 def word_hashes_many(texts: Sequence[str], *, compiled: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -110,9 +115,9 @@ def word_hashes_many(texts: Sequence[str], *, compiled: bool | None = None) -> t
     >>> counts.tolist(), bool(hashes[0] == word_hashes("A")[0])
     ([2, 0, 2], True)
     """
-    if _use_kernels(compiled):
+    if (fast := _kernels(compiled)) is not None:
         batch = encode_batch(texts)
-        return kernels.word_hashes(batch.codes, batch.bounds, table(), _SEED, _WMUL)
+        return fast.word_hashes(batch.codes, batch.bounds, table(), _SEED, _WMUL)
     return _word_hashes_numpy(texts)
 
 
@@ -198,8 +203,8 @@ def shingle_hashes_many(
     if n < 1:
         raise ValueError(f"shingle size n must be >= 1, got {n}")
     counts = np.asarray(counts, dtype=np.int64)
-    if _use_kernels(compiled):
-        return kernels.shingle_hashes(hashes, counts, n, _MUL)
+    if (fast := _kernels(compiled)) is not None:
+        return fast.shingle_hashes(hashes, counts, n, _MUL)
     return _shingle_hashes_numpy(hashes, counts, n)
 
 

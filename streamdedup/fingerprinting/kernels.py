@@ -1,157 +1,57 @@
-"""Compiled (numba) kernels of the feature and MinHash hot paths, when numba is installed.
+"""Which path computes features and signatures: the compiled numba kernels, or numpy.
 
-Each kernel is a loop version of a numpy reference in :mod:`streamdedup.fingerprinting.features`
-or :mod:`streamdedup.fingerprinting.minhash` and gives the same bits (``tests/test_kernels.py``
-checks both on a property-based corpus).  Everything is arithmetic on uint64 modulo 2**64,
-which numba and numpy both do by wrapping, so the two paths cannot drift apart by rounding.
+The kernels (:mod:`streamdedup.fingerprinting.numba_kernels`) are used when numba can be
+imported; both paths give the same bits.  numba is imported on first use, not when the
+package is imported, so commands that never fingerprint do not pay for it (about 0.3 s, more
+on a busy machine), and a numba that fails to import (for example one built for an older
+numpy) means the numpy path, not an error.  ``STREAMDEDUP_KERNELS=numpy`` in the environment,
+or :func:`numpy_only`, forces the numpy path.
 
-numba is optional: without it (or with ``STREAMDEDUP_KERNELS=numpy`` in the environment)
-:data:`AVAILABLE` is false and callers use the numpy path.  The kernels are compiled on
-first use and cached on disk (``cache=True``; numba keeps the cache next to this file, or in
-``NUMBA_CACHE_DIR`` / the user's cache directory when that is read-only), so only the first
-process on a machine pays the compile time (see bench/README.md for the figures).
+>>> with numpy_only():
+...     available()
+False
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import ModuleType
 
-import numpy as np
+__all__ = ["available", "compiled", "numpy_only"]
 
-__all__ = ["AVAILABLE", "word_hashes", "shingle_hashes", "minhash_mins"]
-
-numba: ModuleType | None
-try:
-    if os.environ.get("STREAMDEDUP_KERNELS", "").lower() == "numpy":
-        raise ImportError("STREAMDEDUP_KERNELS=numpy")
-    numba = importlib.import_module("numba")
-except ImportError:
-    numba = None
-
-#: True when the compiled kernels can be used.
-AVAILABLE = numba is not None
+_loaded: list[ModuleType | None] = []  # empty until the first attempt
+_forced_off = 0
 
 
-def _identity(**_kw):
-    return lambda f: f
+def compiled() -> ModuleType | None:
+    """The kernel module, or None when the numpy path is to be used."""
+    if _forced_off:
+        return None
+    if not _loaded:
+        module = None
+        if os.environ.get("STREAMDEDUP_KERNELS", "").lower() != "numpy":
+            try:
+                module = importlib.import_module("streamdedup.fingerprinting.numba_kernels")
+            except ImportError:  # no numba, or one that does not work with this numpy
+                module = None
+        _loaded.append(module)
+    return _loaded[0]
 
 
-_jit = numba.njit if numba is not None else _identity
+def available() -> bool:
+    """True when the compiled kernels are used."""
+    return compiled() is not None
 
 
-@_jit(cache=True, nogil=True, inline="always")
-def _mix64(x):
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
-@_jit(cache=True, nogil=True)
-def word_hashes(codes, bounds, table, seed, mul):
-    """Word hashes of every text of a batch, and the number of words of each text.
-
-    ``codes``/``bounds``: a :class:`streamdedup.fingerprinting.tokens.Batch` (one unit per code
-    point); ``table``: :func:`streamdedup.fingerprinting.tokens.table`.  A word ``c_1 .. c_L``
-    (lower-cased code points) hashes to ``mix64(((seed * mul + c_1) * mul + c_2) ... * mul + c_L)``.
-    """
-    n_docs = len(bounds) - 1
-    out = np.empty(len(codes), dtype=np.uint64)  # at most one word per code point (lazily committed)
-    counts = np.zeros(n_docs, dtype=np.int64)
-    n = 0
-    for d in range(n_docs):
-        first = n
-        h = seed
-        length = 0
-        for p in range(bounds[d], bounds[d + 1]):
-            e = table[codes[p]]
-            low = np.uint64(e & 0x1FFFFF)
-            k = e >> 21
-            if k == 1:  # word character: one more digit of the polynomial
-                h = h * mul + low
-                length += 1
-            else:
-                if length:
-                    out[n] = _mix64(h)
-                    n += 1
-                    h = seed
-                    length = 0
-                if k == 2:  # a script without spaces: the character is a word
-                    out[n] = _mix64(seed * mul + low)
-                    n += 1
-        if length:
-            out[n] = _mix64(h)
-            n += 1
-        counts[d] = n - first
-    return out[:n].copy(), counts
-
-
-@_jit(cache=True, nogil=True)
-def shingle_hashes(hashes, counts, n, mul):
-    """Shingle hashes of every text (the rule of ``features.shingle_hashes``), and their counts."""
-    n_docs = len(counts)
-    total = 0
-    for d in range(n_docs):
-        m = counts[d]
-        total += m - n + 1 if m >= n else (1 if m > 0 else 0)
-    out = np.empty(total, dtype=np.uint64)
-    out_counts = np.empty(n_docs, dtype=np.int64)
-    pos = 0
-    q = 0
-    for d in range(n_docs):
-        m = counts[d]
-        if m >= n:
-            for i in range(pos, pos + m - n + 1):
-                acc = hashes[i]
-                for j in range(1, n):
-                    acc = acc * mul + hashes[i + j]
-                out[q] = _mix64(acc)
-                q += 1
-            out_counts[d] = m - n + 1
-        elif m > 0:
-            acc = hashes[pos]
-            for j in range(1, m):
-                acc = acc * mul + hashes[pos + j]
-            out[q] = _mix64(acc)
-            q += 1
-            out_counts[d] = 1
-        else:
-            out_counts[d] = 0
-        pos += m
-    return out, out_counts
-
-
-@_jit(cache=True, nogil=True)
-def minhash_mins(flat, counts, key, a, c):
-    """``(n_docs, num_perm)`` minima of ``a_j * mix64(x ^ key) + c_j`` over each text's shingles."""
-    n_docs = len(counts)
-    num_perm = len(a)
-    out = np.empty((n_docs, num_perm), dtype=np.uint64)
-    mins = np.empty(num_perm, dtype=np.uint64)  # a local row: no aliasing, so LLVM vectorises
-    pos = 0
-    for d in range(n_docs):
-        mins[:] = np.uint64(0xFFFFFFFFFFFFFFFF)
-        end = pos + counts[d]
-        i = pos
-        # four shingles per pass over the permutations: a_j and c_j are loaded once for four
-        # (2.5x faster than one at a time here; eight was no better)
-        while i + 4 <= end:
-            u0 = _mix64(flat[i] ^ key)
-            u1 = _mix64(flat[i + 1] ^ key)
-            u2 = _mix64(flat[i + 2] ^ key)
-            u3 = _mix64(flat[i + 3] ^ key)
-            for j in range(num_perm):
-                aj = a[j]
-                cj = c[j]
-                m = min(min(aj * u0 + cj, aj * u1 + cj), min(aj * u2 + cj, aj * u3 + cj))
-                mins[j] = min(mins[j], m)
-            i += 4
-        while i < end:
-            u = _mix64(flat[i] ^ key)
-            for j in range(num_perm):
-                mins[j] = min(mins[j], a[j] * u + c[j])
-            i += 1
-        out[d] = mins
-        pos = end
-    return out
+@contextmanager
+def numpy_only() -> Iterator[None]:
+    """Use the numpy path inside the block (for comparisons and benchmarks)."""
+    global _forced_off
+    _forced_off += 1
+    try:
+        yield
+    finally:
+        _forced_off -= 1

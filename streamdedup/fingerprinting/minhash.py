@@ -163,12 +163,11 @@ def minhash_signatures_flat(
     if lengths.ndim != 1 or lengths.sum() != len(flat) or (lengths < 0).any():
         raise ValueError(f"counts must be non-negative and sum to len(flat) = {len(flat)}; got {lengths.sum()}")
     k, a, c = _params(num_perm, seed)
-    if compiled is None:
-        compiled = kernels.AVAILABLE
-    if compiled:
-        if not kernels.AVAILABLE:
-            raise RuntimeError("the compiled kernels need numba (pip install numba)")
-        out = kernels.minhash_mins(flat, lengths, k, a.ravel(), c.ravel())
+    fast = None if compiled is False else kernels.compiled()
+    if compiled and fast is None:
+        raise RuntimeError("the compiled kernels need numba (pip install numba)")
+    if fast is not None:
+        out = fast.minhash_mins(flat, lengths, k, a.ravel(), c.ravel())
     else:
         out = _mins_numpy(flat, lengths, k, a, c)
     return (out >> _U64(32)).astype(np.uint32)
