@@ -147,6 +147,12 @@ def test_table_follows_str_lower_and_the_word_rule_on_every_code_point():
         assert cls[c] == want, hex(c)
 
 
+def test_the_bmp_table_is_a_prefix_of_the_full_one():
+    bmp = table(np.zeros(1, np.uint16))
+    assert len(bmp) == 0x10000 and (bmp == table()[: len(bmp)]).all()
+    assert table(np.zeros(1, np.uint8)) is bmp and len(table(np.zeros(1, np.uint32))) == 0x110000
+
+
 def test_contextual_lower_case_is_exact():
     # final sigma and the dotted capital I: the words are those of str.lower
     for text in ("ΟΔΟΣ ΟΔΟΣ.", "ΣΑΣ", "İSTANBUL İ", "aİb"):

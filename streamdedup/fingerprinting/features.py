@@ -117,7 +117,7 @@ def word_hashes_many(texts: Sequence[str], *, compiled: bool | None = None) -> t
     """
     if (fast := _kernels(compiled)) is not None:
         batch = encode_batch(texts)
-        return fast.word_hashes(batch.codes, batch.bounds, table(), _SEED, _WMUL)
+        return fast.word_hashes(batch.codes, batch.bounds, table(batch.codes), _SEED, _WMUL)
     return _word_hashes_numpy(texts)
 
 
@@ -149,8 +149,8 @@ def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _word_hashes_numpy(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """The numpy path: word boundaries from the code-point table, the polynomial from prefix sums."""
-    batch = encode_batch(texts, utf32=True)
-    entry = table()[batch.codes]
+    batch = encode_batch(texts)
+    entry = table(batch.codes)[batch.codes]
     cls = entry >> np.uint32(CLASS_SHIFT)
     codes = (entry & np.uint32(LOW_MASK)).astype(_U64)
     n = len(codes)

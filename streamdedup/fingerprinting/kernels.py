@@ -7,6 +7,10 @@ on a busy machine), and a numba that fails to import (for example one built for 
 numpy) means the numpy path, not an error.  ``STREAMDEDUP_KERNELS=numpy`` in the environment,
 or :func:`numpy_only`, forces the numpy path.
 
+``python -m streamdedup.fingerprinting.kernels`` compiles every kernel into numba's on-disk
+cache (``make install`` runs it), so that the first ``scan`` or worker batch on a fresh
+machine does not wait for the compiler.
+
 >>> with numpy_only():
 ...     available()
 False
@@ -20,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
 
-__all__ = ["available", "compiled", "numpy_only"]
+__all__ = ["available", "compiled", "numpy_only", "warm_up"]
 
 _loaded: list[ModuleType | None] = []  # empty until the first attempt
 _forced_off = 0
@@ -55,3 +59,18 @@ def numpy_only() -> Iterator[None]:
         yield
     finally:
         _forced_off -= 1
+
+
+def warm_up() -> bool:
+    """Compile (or load from the cache) every kernel, for ASCII, BMP and astral texts alike."""
+    if not available():
+        return False
+    from streamdedup.fingerprinting.pages import Fingerprints  # here: pages imports this module
+
+    for texts in (["ascii words"], ["Wörter, 東京"], ["emoji 😀 words"]):
+        Fingerprints(texts).minhash  # noqa: B018
+    return True
+
+
+if __name__ == "__main__":
+    print("numba kernels compiled and cached" if warm_up() else "numba is not available: the numpy path is used")
