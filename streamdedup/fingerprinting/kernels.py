@@ -7,7 +7,7 @@ on a busy machine), and a numba that fails to import (for example one built for 
 numpy) means the numpy path, not an error.  ``STREAMDEDUP_KERNELS=numpy`` in the environment,
 or :func:`numpy_only`, forces the numpy path.
 
-``python -m streamdedup.fingerprinting.kernels`` compiles every kernel into numba's on-disk
+``python -m streamdedup.fingerprinting.warmup`` compiles every kernel into numba's on-disk
 cache (``make install`` runs it), so that the first ``scan`` or worker batch on a fresh
 machine does not wait for the compiler.
 
@@ -70,7 +70,3 @@ def warm_up() -> bool:
     for texts in (["ascii words"], ["Wörter, 東京"], ["emoji 😀 words"]):
         Fingerprints(texts).minhash  # noqa: B018
     return True
-
-
-if __name__ == "__main__":
-    print("numba kernels compiled and cached" if warm_up() else "numba is not available: the numpy path is used")
