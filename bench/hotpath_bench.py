@@ -18,6 +18,9 @@ What is timed (texts in batches of 256, as ``scan`` and the worker do):
 ``simhash_numpy``    the same with the kernels switched off (the pure-numpy path, same bits)
 ``simhash_xxh3``     the previous scheme's path: xxh3-64 per distinct word through a dict cache
                      (bytes.translate + split for ASCII, a regex for non-ASCII tokens), numpy shingles
+``simhash_kernels``  words, bigram shingles and the scheme-2 accumulation kernel
+                     (``numba_kernels.simhash_log_tf``): what the product path becomes when
+                     simhash.py (scheme 2, another branch) calls the kernel; not the product yet
 ``gaoya``            gaoya's ``SimHash64StringIntIndex(analyzer="word", lowercase=True,
                      ngram_range=(2, 2)).doc2signature(t)`` per text (Rust)
 ``minhash``          words, trigram shingles and 128-permutation signatures of a batch
@@ -118,6 +121,13 @@ def minhash_texts(texts: list[str]) -> np.ndarray:
     return minhash_signatures_flat(*shingle_hashes_many(*word_hashes_many(texts), MINHASH_WORDS), 128)
 
 
+def simhash_kernels(texts: list[str]) -> np.ndarray:
+    """Text -> simhash with every stage compiled (the scheme-2 accumulation kernel)."""
+    fast = kernels.compiled()
+    assert fast is not None
+    return fast.simhash_log_tf(*shingle_hashes_many(*word_hashes_many(texts), SIMHASH_WORDS))
+
+
 def one_run(texts: list[str], gaoya_index, rensa_cls) -> dict[str, float]:
     """Texts per second of every option, measured batch by batch in turn.
 
@@ -152,6 +162,7 @@ def one_run(texts: list[str], gaoya_index, rensa_cls) -> dict[str, float]:
         "simhash": simhash_texts,
         "simhash_numpy": sim_numpy,
         "simhash_xxh3": simhash_xxh3,
+        "simhash_kernels": simhash_kernels,
         "gaoya": gaoya,
         "minhash": minhash_texts,
         "minhash_numpy": min_numpy,
@@ -164,7 +175,7 @@ def one_run(texts: list[str], gaoya_index, rensa_cls) -> dict[str, float]:
             fn(b)
             spent[name] += time.perf_counter() - t0
     out = {name: len(texts) / t for name, t in spent.items()}
-    for key in ("simhash", "simhash_numpy", "simhash_xxh3"):
+    for key in ("simhash", "simhash_numpy", "simhash_xxh3", "simhash_kernels"):
         out[f"{key}_vs_gaoya"] = out[key] / out["gaoya"]
         out[f"{key}_vs_split"] = out[key] / out["split"]
     for key in ("minhash", "minhash_numpy"):
@@ -191,6 +202,7 @@ def profile(texts: list[str], runs: int) -> None:
         "bigram shingles": lambda: [shingle_hashes_many(*w, SIMHASH_WORDS) for w in words],
         "split_counts (per-page views)": lambda: [split_counts(*s) for s in sh2],
         "simhash_many (accumulation, simhash.py)": lambda: [simhash_many(p) for p in parts],
+        "accumulation kernel (scheme 2)": lambda: [fast.simhash_log_tf(*s) for s in sh2],
         "trigram shingles": lambda: [shingle_hashes_many(*w, MINHASH_WORDS) for w in words],
         "minhash signatures (after shingles)": lambda: [minhash_signatures_flat(*s, 128) for s in sh3],
     }

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -184,3 +185,21 @@ def test_without_numba_the_same_bits(how):
     f = Fingerprints(texts)
     assert out["available"] is False
     assert out["simhash"] == f.simhash.tolist() and out["minhash"] == f.minhash.tolist()
+
+
+def py_simhash_log_tf(features: list[int]) -> int:
+    """Scheme 2's simhash rule in plain Python: distinct features weighted 1 + floor(log2 tf)."""
+    tf = Counter(features)
+    total = sum(c.bit_length() for c in tf.values())
+    ones = [sum(c.bit_length() for f, c in tf.items() if f >> b & 1) for b in range(64)]
+    return sum(1 << b for b in range(64) if 2 * ones[b] > total)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.integers(0, M64) | st.sampled_from([0, 1, 2**63, M64]), max_size=40), max_size=5))
+def test_simhash_kernel_follows_the_scheme_2_rule(pages):
+    fast = kernels.compiled()
+    assert fast is not None
+    flat = np.array([f for p in pages for f in p], dtype=np.uint64)
+    counts = np.array([len(p) for p in pages], dtype=np.int64)
+    assert fast.simhash_log_tf(flat, counts).tolist() == [py_simhash_log_tf(p) for p in pages]
