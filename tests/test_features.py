@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamdedup.fingerprinting.features import (
@@ -45,6 +45,7 @@ def test_word_hash_is_the_documented_polynomial():
     assert word_hashes("Word, ÇA 東").tolist() == [py_word_hash(w) for w in ("word", "ça", "東")]
 
 
+@settings(deadline=None)  # the first text beyond U+FFFF builds the full code-point table
 @given(st.text(max_size=200))
 def test_word_hashes_are_the_hashes_of_the_words(text):
     assert word_hashes(text).tolist() == [py_word_hash(w) for w in words(text)]
