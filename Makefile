@@ -23,6 +23,7 @@ $(STAMPS)/python: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m streamdedup.fingerprinting.warmup  # compile the numba kernels into their on-disk cache once
 	@touch $@
 
 # kcat (a Kafka client we did not write) and prometheus, from Debian

@@ -4,20 +4,34 @@ Both fingerprints (simhash and MinHash) are built from the same features, so a p
 looks identical to one looks identical to the other.
 
 Words
-    Maximal runs of Unicode letters and digits, lower-cased (``_`` and punctuation separate
-    words).  Scripts written without spaces (Han, kana, Thai) give one word per character, so
-    a Chinese sentence becomes character n-grams instead of one giant "word".
+    Maximal runs of Unicode letters and digits of the lower-cased text (``str.lower``;
+    ``_`` and punctuation separate words).  Scripts written without spaces (Han, kana, Thai)
+    give one word per character, so a Chinese sentence becomes character n-grams instead of
+    one giant "word".  (:mod:`streamdedup.fingerprinting.tokens` holds the rule.)
 
 Word hashes
-    ``xxh3_64(utf8(word), seed=FEATURE_SEED)``: the same 64 bits on every machine and in every
-    process (never Python's ``hash()``).  A bounded dictionary caches them because a page
-    repeats its words and a crawl repeats its vocabulary; the cache never changes a result.
+    A polynomial over the word's code points ``c_1 .. c_L`` (of the lower-cased text), then
+    the splitmix64 finaliser::
+
+        word_hash = mix64(FEATURE_SEED * W**L + c_1 * W**(L-1) + ... + c_L)   (mod 2**64)
+
+    with ``W = WORD_MUL`` (odd).  It is the same 64 bits on every machine and in every
+    process (never Python's ``hash()``), and it is chosen so that it can be computed for a
+    whole batch at once: by a compiled loop (Horner's rule, :mod:`streamdedup.fingerprinting.numba_kernels`,
+    when numba is installed) or in numpy from prefix sums over all code points
+    (``sum c_i W**-i``, ``W**-1`` the inverse of ``W`` mod 2**64), with identical bits.
+    (Until scheme 2 the word hash was ``xxh3_64(utf8(word), FEATURE_SEED)``, one Python call
+    per distinct word; bench/README.md "Hot path" has the measurements behind the change.)
+    Known limit: as for any polynomial hash modulo 2**64, two different words of 2,048 or more
+    letters can be built to collide whatever ``W`` is (Thue-Morse strings); a collision only
+    merges two features of a page, and natural words are far shorter.  Over 400 seeds the
+    simhash distances of a near-duplicate pair had the same distribution as with xxh3.
 
 Shingles
     Every run of ``n`` consecutive words (``n = 3`` by default), hashed by combining the word
-    hashes in numpy (an order-sensitive polynomial, then the splitmix64 finaliser).  A text
-    with fewer than ``n`` words has one shingle made of all its words.  Occurrences are kept
-    (not de-duplicated): simhash weighs a shingle by how often it occurs, sublinearly
+    hashes (an order-sensitive polynomial, then the splitmix64 finaliser).  A text with fewer
+    than ``n`` words has one shingle made of all its words.  Occurrences are kept (not
+    de-duplicated): simhash weighs a shingle by how often it occurs, sublinearly
     (``1 + floor(log2(tf))``, see simhash.py), and MinHash uses the set.
 
 >>> words("Hello, World! Ça va? 東京")
@@ -28,29 +42,39 @@ Shingles
 
 from __future__ import annotations
 
-import re
+from collections.abc import Sequence
+from functools import lru_cache
+from types import ModuleType
 
 import numpy as np
-import xxhash
 
-__all__ = ["FEATURE_SEED", "words", "word_hashes", "shingle_hashes", "text_shingles", "mix64"]
+from streamdedup.fingerprinting import kernels
+from streamdedup.fingerprinting.tokens import CLASS_SHIFT, LOW_MASK, NOSPACE_CHAR, WORD, WORD_RE, encode_batch, table
+
+__all__ = [
+    "FEATURE_SEED",
+    "WORD_MUL",
+    "words",
+    "word_hashes",
+    "word_hashes_many",
+    "shingle_hashes",
+    "shingle_hashes_many",
+    "split_counts",
+    "text_shingles",
+    "mix64",
+]
 
 #: Seed of every feature hash.  Changing it changes every fingerprint: it is part of the format.
 FEATURE_SEED = 0x5EED_D0C5
-
-# ASCII fast path: one C-level pass lower-cases letters and turns everything else into a space.
-_ASCII_TABLE = bytes((ord(chr(c).lower()) if chr(c).isalnum() else 0x20) if c < 128 else c for c in range(256))
-# Scripts without spaces between words: one token per character.
-_NOSPACE = "\u0e00-\u0e7f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f"
-_WORD_RE = re.compile(rf"[{_NOSPACE}]|[^\W_{_NOSPACE}]+")
-_HIGH_BYTE = re.compile(rb"[\x80-\xff]")
-
-_CACHE: dict[bytes, int] = {}
-_CACHE_LIMIT = 1 << 19  # ~60 MB at most; cleared (not evicted) when full: cheap and simple.
+#: Multiplier of the word polynomial (xxhash's PRIME64_2; odd, so it has an inverse mod 2**64).
+WORD_MUL = 0xC2B2AE3D27D4EB4F
 
 _U64 = np.uint64
-_MUL = _U64(0x9E3779B97F4A7C15)  # odd: multiplication by it is a bijection mod 2**64
+_MUL = _U64(0x9E3779B97F4A7C15)  # shingle polynomial; odd: multiplication by it is a bijection mod 2**64
 _M1, _M2 = _U64(0xBF58476D1CE4E5B9), _U64(0x94D049BB133111EB)
+_WMUL = _U64(WORD_MUL)
+_WINV = _U64(pow(WORD_MUL, -1, 1 << 64))
+_SEED = _U64(FEATURE_SEED)
 
 
 def words(text: str) -> list[str]:
@@ -59,46 +83,7 @@ def words(text: str) -> list[str]:
     >>> words("It's 10:30_am")
     ['it', 's', '10', '30', 'am']
     """
-    return [w.decode() for w in _word_bytes(text)]
-
-
-def _word_bytes(text: str) -> list[bytes]:
-    if text.isascii():
-        return text.encode("ascii").translate(_ASCII_TABLE).split()
-    # Split on ASCII separators in C; re-split only the tokens that hold non-ASCII bytes with
-    # the full rule.  ASCII separators split words under both rules, so the result equals
-    # _WORD_RE over the whole text, at a fraction of the cost on mostly-ASCII pages.
-    data = text.lower().encode("utf-8", "surrogatepass").translate(_ASCII_TABLE)
-    out: list[bytes] = []
-    pos = 0
-    while (m := _HIGH_BYTE.search(data, pos)) is not None:
-        start = data.rfind(b" ", pos, m.start()) + 1
-        end = data.find(b" ", m.end())
-        end = len(data) if end < 0 else end
-        out += data[pos:start].split()
-        token = data[start:end].decode("utf-8", "surrogatepass")
-        out += [w.encode("utf-8", "surrogatepass") for w in _WORD_RE.findall(token)]
-        pos = end
-    out += data[pos:].split()
-    return out
-
-
-def word_hashes(text: str) -> np.ndarray:
-    """xxh3-64 hashes of the words of ``text``, in order, as a ``uint64`` array.
-
-    >>> int(word_hashes("Hello")[0]) == int(word_hashes("hello!")[0])
-    True
-    """
-    toks = _word_bytes(text)
-    try:
-        return np.fromiter(map(_CACHE.__getitem__, toks), dtype=_U64, count=len(toks))
-    except KeyError:
-        pass
-    if len(_CACHE) > _CACHE_LIMIT:
-        _CACHE.clear()
-    for tok in set(toks).difference(_CACHE):
-        _CACHE[tok] = xxhash.xxh3_64_intdigest(tok, FEATURE_SEED)
-    return np.fromiter(map(_CACHE.__getitem__, toks), dtype=_U64, count=len(toks))
+    return WORD_RE.findall(text.lower())
 
 
 def mix64(x: np.ndarray) -> np.ndarray:
@@ -114,6 +99,88 @@ def mix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> _U64(31))
 
 
+def _kernels(compiled: bool | None) -> ModuleType | None:
+    """The kernel module to use, or None for numpy (``compiled``: None = whichever is available)."""
+    if compiled is False:
+        return None
+    module = kernels.compiled()
+    if compiled and module is None:
+        raise RuntimeError("the compiled kernels need numba (pip install numba)")
+    return module
+
+
+def word_hashes_many(texts: Sequence[str], *, compiled: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Word hashes of many texts in one pass: ``(hashes, counts)``.
+
+    ``hashes`` holds the word hashes of every text, in order, one after the other; text ``i``
+    has ``counts[i]`` of them.  ``compiled`` picks the path (default: the numba kernel when
+    numba is installed); both give the same bits.
+
+    >>> hashes, counts = word_hashes_many(["a b", "", "Ça va"])
+    >>> counts.tolist(), bool(hashes[0] == word_hashes("A")[0])
+    ([2, 0, 2], True)
+    """
+    if (fast := _kernels(compiled)) is not None:
+        batch = encode_batch(texts)
+        return fast.word_hashes(batch.codes, batch.bounds, table(batch.codes), _SEED, _WMUL)
+    return _word_hashes_numpy(texts)
+
+
+def word_hashes(text: str) -> np.ndarray:
+    """Hashes of the words of ``text``, in order, as a ``uint64`` array.
+
+    >>> int(word_hashes("Hello")[0]) == int(word_hashes("hello!")[0])
+    True
+    """
+    return word_hashes_many([text])[0]
+
+
+@lru_cache(maxsize=1)
+def _powers_cache() -> list[np.ndarray]:
+    return [np.ones(1, dtype=_U64), np.ones(1, dtype=_U64)]
+
+
+def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``W**k`` and ``W**-k`` for ``k = 0 .. n`` (mod 2**64), grown and kept between calls."""
+    cache = _powers_cache()
+    if len(cache[0]) <= n:
+        size = max(n + 1, 2 * len(cache[0]))
+        for i, base in enumerate((_WMUL, _WINV)):
+            p = np.full(size, base, dtype=_U64)
+            p[0] = 1
+            cache[i] = np.cumprod(p)  # wraps mod 2**64, exactly as the kernel's products
+    return cache[0], cache[1]
+
+
+def _word_hashes_numpy(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The numpy path: word boundaries from the code-point table, the polynomial from prefix sums."""
+    batch = encode_batch(texts)
+    entry = table(batch.codes)[batch.codes]
+    cls = entry >> np.uint32(CLASS_SHIFT)
+    codes = (entry & np.uint32(LOW_MASK)).astype(_U64)
+    n = len(codes)
+    inword = cls == WORD
+    single = cls == NOSPACE_CHAR
+    before = np.zeros(n, dtype=bool)  # the previous code point is a word character of the same text
+    before[1:] = inword[:-1]
+    after = np.zeros(n, dtype=bool)  # the next one is
+    after[:-1] = inword[1:]
+    edges = batch.bounds[1:-1]
+    before[edges[edges < n]] = False
+    after[edges[edges > 0] - 1] = False
+    starts = np.flatnonzero(single | (inword & ~before))
+    ends = np.flatnonzero(single | (inword & ~after)) + 1
+    pw, inv = _powers(n)
+    prefix = np.zeros(n + 1, dtype=_U64)
+    np.cumsum(codes * inv[:n], out=prefix[1:])  # prefix[k] = sum_{i<k} c_i W**-i
+    # sum_{s<=i<e} c_i W**(e-1-i) = (prefix[e] - prefix[s]) * W**(e-1); the seed is one more digit
+    h = (prefix[ends] - prefix[starts]) * pw[ends - 1]
+    h += _SEED * pw[ends - starts]
+    doc = np.searchsorted(batch.bounds, starts, side="right") - 1
+    counts = np.bincount(doc, minlength=len(texts)).astype(np.int64)
+    return mix64(h), counts
+
+
 def shingle_hashes(hashes: np.ndarray, n: int = 3) -> np.ndarray:
     """Hashes of every run of ``n`` consecutive words, given the word hashes.
 
@@ -125,22 +192,63 @@ def shingle_hashes(hashes: np.ndarray, n: int = 3) -> np.ndarray:
     >>> bool(s[0] == s[3]), bool(s[0] == s[1])
     (True, False)
     """
+    hashes = np.asarray(hashes, dtype=_U64)
+    return shingle_hashes_many(hashes, np.array([len(hashes)], dtype=np.int64), n)[0]
+
+
+def shingle_hashes_many(
+    hashes: np.ndarray, counts: np.ndarray, n: int = 3, *, compiled: bool | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Shingle hashes of many texts from :func:`word_hashes_many`'s output: ``(shingles, counts)``.
+
+    >>> h, c = word_hashes_many(["a b c d", "", "x y"])
+    >>> shingle_hashes_many(h, c, 3)[1].tolist()
+    [2, 0, 1]
+    """
     if n < 1:
         raise ValueError(f"shingle size n must be >= 1, got {n}")
-    m = len(hashes)
-    if m == 0:
-        return np.empty(0, dtype=_U64)
-    if m < n:  # short text: one shingle of all its words
-        acc = hashes[0:1].copy()
-        for j in range(1, m):
-            acc = acc * _MUL + hashes[j : j + 1]
-        return mix64(acc)
-    count = m - n + 1
-    acc = hashes[:count].copy()
-    for j in range(1, n):
-        acc *= _MUL
-        acc += hashes[j : j + count]
-    return mix64(acc)
+    counts = np.asarray(counts, dtype=np.int64)
+    if (fast := _kernels(compiled)) is not None:
+        return fast.shingle_hashes(hashes, counts, n, _MUL)
+    return _shingle_hashes_numpy(hashes, counts, n)
+
+
+def _shingle_hashes_numpy(hashes: np.ndarray, m: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    out_counts = np.where(m >= n, m - n + 1, (m > 0).astype(np.int64))
+    out = np.empty(int(out_counts.sum()), dtype=_U64)
+    first = np.cumsum(m) - m  # first word of each text
+    short = np.flatnonzero((m > 0) & (m < n))  # texts with one shingle of all their words
+    slot = np.zeros(len(out), dtype=bool)
+    slot[(np.cumsum(out_counts) - out_counts)[short]] = True
+    total = len(hashes)
+    if total >= n:
+        count = total - n + 1
+        acc = hashes[:count].copy()
+        for j in range(1, n):
+            acc *= _MUL
+            acc += hashes[j : j + count]
+        # keep the windows that end inside their own text
+        pos = np.arange(total, dtype=np.int64) - np.repeat(first, m)
+        room = np.repeat(m, m) - n
+        out[~slot] = mix64(acc[pos[:count] <= room[:count]])
+    if len(short):
+        acc = hashes[first[short]].copy()
+        for j in range(1, n - 1):
+            more = m[short] > j
+            acc[more] = acc[more] * _MUL + hashes[first[short][more] + j]
+        out[slot] = mix64(acc)
+    return out, out_counts
+
+
+def split_counts(flat: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:
+    """Cut a flat array into one array per text (views, no copy).
+
+    >>> [a.tolist() for a in split_counts(np.arange(3), np.array([2, 0, 1]))]
+    [[0, 1], [], [2]]
+    """
+    if len(counts) == 0:
+        return []
+    return np.split(flat, np.cumsum(counts)[:-1])
 
 
 def text_shingles(text: str, n: int = 3) -> np.ndarray:

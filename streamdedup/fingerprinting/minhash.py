@@ -46,6 +46,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from streamdedup.fingerprinting import kernels
 from streamdedup.fingerprinting.features import mix64
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "MinHash",
     "minhash_signature",
     "minhash_signatures",
+    "minhash_signatures_flat",
     "resemblance",
     "containment",
     "bottom_k_sketch",
@@ -118,16 +120,19 @@ def _as_u64(shingles) -> np.ndarray:
 def _params(num_perm: int, seed: int) -> tuple[np.uint64, np.ndarray, np.ndarray]:
     """``k`` and the columns ``a``, ``c`` of the hash functions (cached, read-only)."""
     out = _splitmix64(seed ^ MINHASH_DOMAIN, 1 + 2 * num_perm)
-    a, c = (out[1::2] | _U64(1))[:, None], out[2::2][:, None]
+    a, c = (out[1::2] | _U64(1))[:, None], out[2::2].copy()[:, None]
     a.flags.writeable = c.flags.writeable = False
     return out[0], a, c
 
 
-def minhash_signatures(shingle_arrays: Sequence, num_perm: int = 128, seed: int = 1) -> np.ndarray:
+def minhash_signatures(
+    shingle_arrays: Sequence, num_perm: int = 128, seed: int = 1, *, compiled: bool | None = None
+) -> np.ndarray:
     """Signatures of many documents at once: a ``(n_docs, num_perm)`` uint32 array.
 
-    All shingles are hashed in one pass over their concatenation; ``np.minimum.reduceat``
-    splits the minima by document, so a batch costs little more than its shingles.
+    All shingles are hashed in one pass over their concatenation, so a batch costs little
+    more than its shingles.  ``compiled`` picks the path (default: the numba kernel when numba
+    is installed, else numpy); both give the same bits.
 
     >>> from streamdedup.fingerprinting.features import text_shingles
     >>> docs = ["the quick brown fox jumps", "", "the quick brown fox sleeps"]
@@ -135,15 +140,46 @@ def minhash_signatures(shingle_arrays: Sequence, num_perm: int = 128, seed: int 
     >>> sigs.shape, sigs.dtype.name, bool((sigs[1] == EMPTY).all())
     ((3, 64), 'uint32', True)
     """
+    arrays = [_as_u64(s) for s in shingle_arrays]
+    lengths = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
+    flat = np.concatenate(arrays) if arrays else np.empty(0, dtype=_U64)
+    return minhash_signatures_flat(flat, lengths, num_perm, seed, compiled=compiled)
+
+
+def minhash_signatures_flat(
+    flat: np.ndarray, counts: np.ndarray, num_perm: int = 128, seed: int = 1, *, compiled: bool | None = None
+) -> np.ndarray:
+    """:func:`minhash_signatures` of documents given as one array: document ``i`` is the next
+    ``counts[i]`` values of ``flat`` (the layout of ``features.shingle_hashes_many``).
+
+    >>> import numpy as np
+    >>> minhash_signatures_flat(np.array([1, 2, 3], np.uint64), np.array([2, 1]), num_perm=4).shape
+    (2, 4)
+    """
     num_perm = _check_positive("num_perm", num_perm, 128)
     seed = _check_seed(seed)
-    arrays = [_as_u64(s) for s in shingle_arrays]
-    out = np.full((len(arrays), num_perm), _MASK64, dtype=_U64)
-    lengths = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
-    total = int(lengths.sum())
+    flat = _as_u64(flat)
+    lengths = np.asarray(counts, dtype=np.int64)
+    if lengths.ndim != 1 or lengths.sum() != len(flat) or (lengths < 0).any():
+        raise ValueError(f"counts must be non-negative and sum to len(flat) = {len(flat)}; got {lengths.sum()}")
+    k, a, c = _params(num_perm, seed)
+    fast = None if compiled is False else kernels.compiled()
+    if compiled and fast is None:
+        raise RuntimeError("the compiled kernels need numba (pip install numba)")
+    if fast is not None:
+        out = fast.minhash_mins(flat, lengths, k, a.ravel(), c.ravel())
+    else:
+        out = _mins_numpy(flat, lengths, k, a, c)
+    return (out >> _U64(32)).astype(np.uint32)
+
+
+def _mins_numpy(flat: np.ndarray, lengths: np.ndarray, k: np.uint64, a: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """The numpy path: ``(num_perm, chunk)`` products, minima split by document with ``reduceat``."""
+    num_perm = len(a)
+    out = np.full((len(lengths), num_perm), _MASK64, dtype=_U64)
+    total = len(flat)
     if total:
-        k, a, c = _params(num_perm, seed)
-        flat = mix64(np.concatenate(arrays) ^ k)
+        flat = mix64(flat ^ k)
         docs = np.flatnonzero(lengths)  # non-empty documents, in order
         starts = (np.cumsum(lengths) - lengths)[docs]  # strictly increasing
         step = max(1, _CHUNK // num_perm)
@@ -158,7 +194,7 @@ def minhash_signatures(shingle_arrays: Sequence, num_perm: int = 128, seed: int 
             mins = np.minimum.reduceat(t, seg, axis=1).T
             rows = docs[first:last]
             out[rows] = np.minimum(out[rows], mins)
-    return (out >> _U64(32)).astype(np.uint32)
+    return out
 
 
 def minhash_signature(shingles: np.ndarray, num_perm: int = 128, seed: int = 1) -> np.ndarray:

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from streamdedup.fingerprinting.features import shingle_hashes, word_hashes
-from streamdedup.fingerprinting.minhash import minhash_signatures
+from streamdedup.fingerprinting.features import shingle_hashes_many, split_counts, word_hashes_many
+from streamdedup.fingerprinting.minhash import minhash_signatures_flat
 from streamdedup.fingerprinting.simhash import simhash_many
 from streamdedup.fingerprinting.text import visible_text
 
@@ -44,11 +44,12 @@ def simhash_texts(texts: Sequence[str]) -> np.ndarray:
 class Fingerprints:
     """Everything an algorithm needs about a batch of texts, each part computed once."""
 
-    __slots__ = ("_minhash", "_num_perm", "_words", "simhash")
+    __slots__ = ("_counts", "_minhash", "_num_perm", "_words", "simhash")
 
     def __init__(self, texts: Sequence[str], num_perm: int = 128) -> None:
-        self._words = [word_hashes(t) for t in texts]
-        self.simhash = simhash_many([shingle_hashes(w, SIMHASH_WORDS) for w in self._words])
+        self._words, self._counts = word_hashes_many(texts)  # the whole batch in one pass
+        shingles, counts = shingle_hashes_many(self._words, self._counts, SIMHASH_WORDS)
+        self.simhash = simhash_many(split_counts(shingles, counts))
         self._minhash: np.ndarray | None = None
         self._num_perm = num_perm
 
@@ -56,6 +57,6 @@ class Fingerprints:
     def minhash(self) -> np.ndarray:
         """MinHash signatures, shape (n, num_perm), computed on first use."""
         if self._minhash is None:
-            shingles = [shingle_hashes(w, MINHASH_WORDS) for w in self._words]
-            self._minhash = minhash_signatures(shingles, num_perm=self._num_perm)
+            shingles, counts = shingle_hashes_many(self._words, self._counts, MINHASH_WORDS)
+            self._minhash = minhash_signatures_flat(shingles, counts, num_perm=self._num_perm)
         return self._minhash

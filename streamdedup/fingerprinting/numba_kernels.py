@@ -1,0 +1,200 @@
+"""The numba kernels of the feature and MinHash hot paths (imported on first use by :mod:`.kernels`).
+
+Each kernel is a loop version of a numpy reference in :mod:`streamdedup.fingerprinting.features`
+or :mod:`streamdedup.fingerprinting.minhash` and gives the same bits (``tests/test_kernels.py``
+checks both on a property-based corpus).  Everything is arithmetic on uint64 modulo 2**64,
+which numba and numpy both do by wrapping, so the two paths cannot drift apart by rounding.
+
+``cache=True``: compiled code is kept next to this file (or in ``NUMBA_CACHE_DIR`` / the
+user's cache directory when that is read-only), so only the first process on a machine pays
+the compile time (bench/README.md has the figures).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+__all__ = ["word_hashes", "shingle_hashes", "minhash_mins", "simhash_log_tf"]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _mix64(x):
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+@njit(cache=True, nogil=True)
+def word_hashes(codes, bounds, table, seed, mul):
+    """Word hashes of every text of a batch, and the number of words of each text.
+
+    ``codes``/``bounds``: a :class:`streamdedup.fingerprinting.tokens.Batch` (one unit per code
+    point); ``table``: :func:`streamdedup.fingerprinting.tokens.table`.  A word ``c_1 .. c_L``
+    (lower-cased code points) hashes to ``mix64(((seed * mul + c_1) * mul + c_2) ... * mul + c_L)``.
+    """
+    n_docs = len(bounds) - 1
+    out = np.empty(len(codes), dtype=np.uint64)  # at most one word per code point (lazily committed)
+    counts = np.zeros(n_docs, dtype=np.int64)
+    n = 0
+    for d in range(n_docs):
+        first = n
+        h = seed
+        length = 0
+        for p in range(bounds[d], bounds[d + 1]):
+            e = table[codes[p]]
+            low = np.uint64(e & 0x1FFFFF)
+            k = e >> 21
+            if k == 1:  # word character: one more digit of the polynomial
+                h = h * mul + low
+                length += 1
+            else:
+                if length:
+                    out[n] = _mix64(h)
+                    n += 1
+                    h = seed
+                    length = 0
+                if k == 2:  # a script without spaces: the character is a word
+                    out[n] = _mix64(seed * mul + low)
+                    n += 1
+        if length:
+            out[n] = _mix64(h)
+            n += 1
+        counts[d] = n - first
+    return out[:n].copy(), counts
+
+
+@njit(cache=True, nogil=True)
+def shingle_hashes(hashes, counts, n, mul):
+    """Shingle hashes of every text (the rule of ``features.shingle_hashes``), and their counts."""
+    n_docs = len(counts)
+    total = 0
+    for d in range(n_docs):
+        m = counts[d]
+        total += m - n + 1 if m >= n else (1 if m > 0 else 0)
+    out = np.empty(total, dtype=np.uint64)
+    out_counts = np.empty(n_docs, dtype=np.int64)
+    pos = 0
+    q = 0
+    for d in range(n_docs):
+        m = counts[d]
+        if m >= n:
+            for i in range(pos, pos + m - n + 1):
+                acc = hashes[i]
+                for j in range(1, n):
+                    acc = acc * mul + hashes[i + j]
+                out[q] = _mix64(acc)
+                q += 1
+            out_counts[d] = m - n + 1
+        elif m > 0:
+            acc = hashes[pos]
+            for j in range(1, m):
+                acc = acc * mul + hashes[pos + j]
+            out[q] = _mix64(acc)
+            q += 1
+            out_counts[d] = 1
+        else:
+            out_counts[d] = 0
+        pos += m
+    return out, out_counts
+
+
+@njit(cache=True, nogil=True)
+def minhash_mins(flat, counts, key, a, c):
+    """``(n_docs, num_perm)`` minima of ``a_j * mix64(x ^ key) + c_j`` over each text's shingles."""
+    n_docs = len(counts)
+    num_perm = len(a)
+    out = np.empty((n_docs, num_perm), dtype=np.uint64)
+    mins = np.empty(num_perm, dtype=np.uint64)  # a local row: no aliasing, so LLVM vectorises
+    pos = 0
+    for d in range(n_docs):
+        mins[:] = np.uint64(0xFFFFFFFFFFFFFFFF)
+        end = pos + counts[d]
+        i = pos
+        # four shingles per pass over the permutations: a_j and c_j are loaded once for four
+        # (2.5x faster than one at a time here; eight was no better)
+        while i + 4 <= end:
+            u0 = _mix64(flat[i] ^ key)
+            u1 = _mix64(flat[i + 1] ^ key)
+            u2 = _mix64(flat[i + 2] ^ key)
+            u3 = _mix64(flat[i + 3] ^ key)
+            for j in range(num_perm):
+                aj = a[j]
+                cj = c[j]
+                m = min(min(aj * u0 + cj, aj * u1 + cj), min(aj * u2 + cj, aj * u3 + cj))
+                mins[j] = min(mins[j], m)
+            i += 4
+        while i < end:
+            u = _mix64(flat[i] ^ key)
+            for j in range(num_perm):
+                mins[j] = min(mins[j], a[j] * u + c[j])
+            i += 1
+        out[d] = mins
+        pos = end
+    return out
+
+
+@njit(cache=True, nogil=True)
+def simhash_log_tf(flat, counts):
+    """Simhash of every page under scheme 2's weights, one ``uint64`` per page.
+
+    Each *distinct* feature of a page votes with weight ``1 + floor(log2(tf))`` (the bit length
+    of ``tf``, its number of occurrences in the page); bit ``i`` is 1 when more than half the
+    page's total weight has bit ``i`` set.  Integer sums: exact, the same bits as any exact
+    implementation.  (Written for the accumulation in simhash.py; not called on this branch.)
+
+    Occurrences are counted in an open-addressing table per page (the features are mixed
+    hashes, so their low bits index it; 8x faster here than sorting the page), and the weights
+    go into 8 x 256 byte-value sums turned into bit sums once per page.
+    """
+    n_pages = len(counts)
+    out = np.zeros(n_pages, dtype=np.uint64)
+    biggest = 16
+    for d in range(n_pages):
+        while biggest < 2 * counts[d]:
+            biggest *= 2
+    keys = np.empty(biggest, dtype=np.uint64)
+    tfs = np.zeros(biggest, dtype=np.int64)
+    sums = np.zeros(2048, dtype=np.int64)
+    pos = 0
+    for d in range(n_pages):
+        m = counts[d]
+        if m == 0:
+            continue
+        size = 16
+        while size < 2 * m:
+            size *= 2
+        mask = np.uint64(size - 1)
+        for i in range(pos, pos + m):
+            x = flat[i]
+            h = x & mask
+            while tfs[h] != 0 and keys[h] != x:
+                h = (h + np.uint64(1)) & mask
+            keys[h] = x
+            tfs[h] += 1
+        pos += m
+        sums[:] = 0
+        total = 0
+        for h in range(size):
+            tf = tfs[h]
+            if tf:
+                tfs[h] = 0
+                w = 0
+                while tf:
+                    w += 1
+                    tf >>= 1
+                total += w
+                x = keys[h]
+                for j in range(8):
+                    sums[j * 256 + np.int64((x >> np.uint64(8 * j)) & np.uint64(255))] += w
+        fp = np.uint64(0)
+        for j in range(8):
+            for i in range(8):
+                ones = 0
+                for v in range(256):
+                    if (v >> i) & 1:
+                        ones += sums[j * 256 + v]
+                if 2 * ones > total:
+                    fp |= np.uint64(1) << np.uint64(8 * j + i)
+        out[d] = fp
+    return out
