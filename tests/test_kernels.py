@@ -31,6 +31,7 @@ from streamdedup.fingerprinting.features import (
 )
 from streamdedup.fingerprinting.minhash import minhash_signatures, minhash_signatures_flat
 from streamdedup.fingerprinting.pages import Fingerprints
+from streamdedup.fingerprinting.simhash import simhash_flat, simhash_many
 from streamdedup.fingerprinting.text import visible_text
 from streamdedup.fingerprinting.tokens import CLASS_SHIFT, LOW_MASK, NOSPACE_CHAR, SEPARATOR, WORD, WORD_RE, table
 
@@ -202,4 +203,10 @@ def test_simhash_kernel_follows_the_scheme_2_rule(pages):
     assert fast is not None
     flat = np.array([f for p in pages for f in p], dtype=np.uint64)
     counts = np.array([len(p) for p in pages], dtype=np.int64)
-    assert fast.simhash_log_tf(flat, counts).tolist() == [py_simhash_log_tf(p) for p in pages]
+    expected = [py_simhash_log_tf(p) for p in pages]
+    assert fast.simhash_log_tf(flat, counts).tolist() == expected
+    # the numpy path (simhash_many) and the dispatcher the product calls give the same bits
+    assert simhash_many([np.array(p, dtype=np.uint64) for p in pages]).tolist() == expected
+    assert simhash_flat(flat, counts).tolist() == expected
+    with kernels.numpy_only():
+        assert simhash_flat(flat, counts).tolist() == expected

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from streamdedup.fingerprinting.features import shingle_hashes_many, split_counts, word_hashes_many
+from streamdedup.fingerprinting.features import shingle_hashes_many, word_hashes_many
 from streamdedup.fingerprinting.minhash import minhash_signatures_flat
-from streamdedup.fingerprinting.simhash import simhash_many
+from streamdedup.fingerprinting.simhash import simhash_flat
 from streamdedup.fingerprinting.text import visible_text
 
 __all__ = ["SIMHASH_WORDS", "MINHASH_WORDS", "fingerprint", "simhash_texts", "Fingerprints"]
@@ -49,7 +49,7 @@ class Fingerprints:
     def __init__(self, texts: Sequence[str], num_perm: int = 128) -> None:
         self._words, self._counts = word_hashes_many(texts)  # the whole batch in one pass
         shingles, counts = shingle_hashes_many(self._words, self._counts, SIMHASH_WORDS)
-        self.simhash = simhash_many(split_counts(shingles, counts))
+        self.simhash = simhash_flat(shingles, counts)
         self._minhash: np.ndarray | None = None
         self._num_perm = num_perm
 

@@ -38,6 +38,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from streamdedup.fingerprinting import kernels
+
 __all__ = [
     "simhash",
     "simhash_many",
@@ -142,6 +144,21 @@ def simhash_many(features: Sequence[np.ndarray]) -> np.ndarray:
     # integer weights: every sum is exact in float64, so the comparison is the same everywhere
     bits = (2 * ones > total[:, None]).astype(np.uint8)
     return np.packbits(bits, axis=1, bitorder="little").view("<u8").ravel().astype(np.uint64)
+
+
+def simhash_flat(flat: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """:func:`simhash_many` of pages whose features are given as one flat array and a count per page.
+
+    The compiled kernel (``numba_kernels.simhash_log_tf``) does it when numba is there; the numpy
+    path above otherwise.  Both give the same bits (tests/test_kernels.py).
+
+    >>> simhash_flat(np.array([1, 2, 3], dtype=np.uint64), np.array([3, 0])).tolist()
+    [3, 0]
+    """
+    fast = kernels.compiled()
+    if fast is not None:
+        return fast.simhash_log_tf(np.ascontiguousarray(flat, dtype=np.uint64), np.asarray(counts, dtype=np.int64))
+    return simhash_many(np.split(flat, np.cumsum(counts)[:-1]) if len(counts) else [])
 
 
 def simhash(features: np.ndarray) -> int:
