@@ -130,6 +130,7 @@ async def _start(client: AIOKafkaProducer | AIOKafkaConsumer, settings: Settings
 _PROBE_ID = 0x0D0A0D0A
 _PROBE_CLIENT = b"streamdedup-probe"
 #: An ApiVersions v0 request, which every Kafka listener answers, SASL ones before the login too.
+_PROBE_GRACE = 3.0  # seconds the probe may take to explain a failed start
 _PROBE = struct.pack(">ihhih", 10 + len(_PROBE_CLIENT), 18, 0, _PROBE_ID, len(_PROBE_CLIENT)) + _PROBE_CLIENT
 
 
@@ -151,15 +152,17 @@ async def connect(
     aiokafka_log = logging.getLogger("aiokafka")
     aiokafka_log.addHandler(seen)
     probes = [_Probe(b, settings.ssl_context()) for b in settings.brokers]
-    starting = asyncio.ensure_future(start())
-    probing = asyncio.ensure_future(asyncio.gather(*(p.run(timeout) for p in probes)))
+    starting: asyncio.Future[Any] = asyncio.ensure_future(start())
+    probing: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*(p.run(timeout) for p in probes)))
     try:
-        done, _ = await asyncio.wait({starting, probing}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        if starting not in done and not (probing in done and all(p.failure for p in probes)):
-            done, _ = await asyncio.wait({starting}, timeout=max(0.0, timeout - _elapsed(probes)))
-        if starting in done and starting.exception() is None:
+        await asyncio.wait({starting, probing}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done() and not (probing.done() and all(p.failure for p in probes)):
+            await asyncio.wait({starting}, timeout=max(0.0, timeout - _elapsed(probes)))
+        if starting.done() and starting.exception() is None:
             return
-        error = starting.exception() if starting in done else None
+        error = starting.exception() if starting.done() else None
+        if error is not None and not probing.done():  # the probe often says more ("closed" has many causes)
+            await asyncio.wait({probing}, timeout=min(_PROBE_GRACE, max(0.0, timeout - _elapsed(probes))))
     finally:
         aiokafka_log.removeHandler(seen)
         for task in (probing, starting):
@@ -211,9 +214,12 @@ class _Probe:
                     self.kafka = True
                     return
                 head += await _more(reader)
-                self.failure = f"{self.broker} is not a Kafka listener: it answered {_show(head)}"
+            if head[:1] in (b"\x15", b"\x16") and head[1:2] == b"\x03":  # a TLS record: an alert, or a hello
+                self.failure = (
+                    f"{self.broker} answered with TLS: a TLS listener? use --security-protocol SSL or SASL_SSL"
+                )
             elif head:
-                self.failure = f"{self.broker} is not a Kafka listener: it answered {_show(head)} and closed"
+                self.failure = f"{self.broker} is not a Kafka listener: it answered {_show(head)}"
             else:
                 self.failure = _closed(self.broker, False)
         except OSError as e:
@@ -260,11 +266,22 @@ def _why(error: BaseException, broker: str, tls: bool) -> str:
             hint = "give the CA that signed the broker's certificate with --ssl-cafile / STREAMDEDUP_SSL_CAFILE"
         return f"{broker}: TLS certificate verify failed: {reason}; {hint}"
     if isinstance(error, ssl.SSLError):
+        alert = str(error.reason or error)
+        if "CERTIFICATE_REQUIRED" in alert:
+            return (
+                f"{broker} refused this client's certificate: it requires one ({alert}); "
+                "give --ssl-certfile and --ssl-keyfile"
+            )
+        if "ALERT" in alert and ("CERTIFICATE" in alert or "UNKNOWN_CA" in alert):
+            return (
+                f"{broker} refused this client's certificate ({alert}); give --ssl-certfile and "
+                "--ssl-keyfile from a CA the broker trusts"
+            )
         if "WRONG_VERSION_NUMBER" in str(error) or "wrong version number" in str(error):
             return f"{broker} does not speak TLS ({error.reason}): is it a PLAINTEXT or SASL_PLAINTEXT listener?"
         if isinstance(error, ssl.SSLEOFError) or "EOF" in str(error):
             return _closed(broker, True)
-        return f"{broker}: the TLS handshake failed ({error.reason or error}); check the --ssl-* settings"
+        return f"{broker}: TLS handshake failed ({error.reason or error}); check the --ssl-* settings"
     if isinstance(error, SaslAuthenticationFailed):
         return (
             f"{broker}: authentication failed ({error}); check --sasl-username, the password "
@@ -288,7 +305,16 @@ def _why(error: BaseException, broker: str, tls: bool) -> str:
 _CHECK = "check --brokers / STREAMDEDUP_BROKERS, that the broker is running, and the security settings"
 
 #: What each kind of cause leads with, most specific first.
-_KINDS = ("authentication failed", "certificate verify failed", "TLS", "not a Kafka listener", "closed")
+_KINDS = (
+    "authentication failed",
+    "certificate verify failed",
+    "refused this client's certificate",
+    "not a Kafka listener",
+    "answered with TLS",
+    "does not speak TLS",
+    "TLS handshake failed",
+    "closed the connection",
+)
 
 
 def _explain(
@@ -301,9 +327,20 @@ def _explain(
     """Why the client could not start: aiokafka's logged errors (they name the broker), then the
     probes', then the exception; for silence, what is known of it."""
     tls = settings.security_protocol in ("SSL", "SASL_SSL")
-    reasons = [_why(e, broker, tls) for broker, e in logged if e is not None]
+    kafka = {p.broker for p in probes if p.kafka}
+    # A request that timed out says no more than silence does: the probe tells what is known of it.
+    timed_out = error is None or any(isinstance(e, TimeoutError) for _, e in logged)
+    reasons = [_why(e, broker, tls) for broker, e in logged if e is not None and not isinstance(e, TimeoutError)]
+    if "SASL" not in settings.security_protocol:  # Kafka that hangs up after one answer: it wants a login
+        reasons = [
+            f"{r.split(' ')[0]} answered a Kafka request and then closed the connection: a SASL listener? "
+            f"use --security-protocol SASL_{'SSL' if tls else 'PLAINTEXT'} and the --sasl-* settings"
+            if "closed the connection" in r and r.split(" ")[0] in kafka
+            else r
+            for r in reasons
+        ]
     reasons += [p.failure for p in probes if p.failure]
-    if not reasons and error is not None and not isinstance(error, TimeoutError | asyncio.CancelledError):
+    if not reasons and error is not None and not timed_out and not isinstance(error, TimeoutError):
         reasons.append(_why(error, ",".join(settings.brokers), tls))
     if not reasons:
         silent = [p.broker for p in probes if p.connected and not p.kafka]
@@ -315,8 +352,8 @@ def _explain(
             )
         else:
             reasons.append(f"no answer in {timeout:g} s; {_CHECK}")
-    if error is None and (kafka := [p.broker for p in probes if p.kafka]):
-        reasons.append(f"{', '.join(kafka)} answered as Kafka, but the client did not start in {timeout:g} s")
+    if timed_out and kafka:
+        reasons.append(f"{', '.join(sorted(kafka))} answered as Kafka, but the client did not start in {timeout:g} s")
     reasons.sort(key=lambda r: next((i for i, k in enumerate(_KINDS) if k in r), len(_KINDS)))
     told: dict[str, str] = {}  # the most telling reason of each broker, as aiokafka or the probe saw it
     for r in reasons:
