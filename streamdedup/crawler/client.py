@@ -18,6 +18,10 @@ writes in transactions).
     async with OutputConsumer(settings, [settings.near_duplicate_topic]) as pages:
         async for p in pages:
             print(p.url, "~", p.match_url, p.distance)
+
+A client that cannot connect raises :class:`ClientError` naming the cause: a refused login or
+certificate, a port that is not Kafka's, a listener of another security protocol (:func:`connect`,
+which the worker's start uses too).
 """
 
 from __future__ import annotations
