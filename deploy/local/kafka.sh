@@ -310,14 +310,20 @@ listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=$jaas_scram
 listener.name.sasl_ssl.plain.sasl.jaas.config=$jaas_plain
 
 # TLS on SSL, SASL_SSL and EXPIRED: PEM files made at start by make_certs (no keytool, no JKS).
-# A PEM keystore holds the unencrypted PKCS#8 key and the certificate chain. Client certificates
-# are verified against the CA when a client offers one ("requested"), so --ssl-certfile can be tested.
+# A PEM keystore holds the unencrypted PKCS#8 key and the certificate chain. On SSL, client
+# certificates are verified against the CA when a client offers one ("requested"), so
+# --ssl-certfile can be tested (Kafka applies ssl.client.auth to SSL listeners only).
 ssl.keystore.type=PEM
 ssl.keystore.location=$TLS_DIR/broker.keystore.pem
 ssl.truststore.type=PEM
 ssl.truststore.location=$TLS_DIR/ca.pem
-ssl.client.auth=requested
+listener.name.ssl.ssl.client.auth=requested
 listener.name.expired.ssl.keystore.location=$TLS_DIR/expired.keystore.pem
+# One network thread per TLS listener, not num.network.threads (3): every network thread builds
+# its own SSL context at startup, the costly part of these listeners (benchmarks use PLAINTEXT).
+listener.name.ssl.num.network.threads=1
+listener.name.sasl_ssl.num.network.threads=1
+listener.name.expired.num.network.threads=1
 
 log.dirs=$DATA_DIR
 

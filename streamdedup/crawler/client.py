@@ -156,17 +156,18 @@ async def connect(
     aiokafka_log = logging.getLogger("aiokafka")
     aiokafka_log.addHandler(seen)
     probes = [_Probe(b, settings.ssl_context()) for b in settings.brokers]
+    deadline = time.monotonic() + timeout
     starting: asyncio.Future[Any] = asyncio.ensure_future(start())
     probing: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*(p.run(timeout) for p in probes)))
     try:
         await asyncio.wait({starting, probing}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         if not starting.done() and not (probing.done() and all(p.failure for p in probes)):
-            await asyncio.wait({starting}, timeout=max(0.0, timeout - _elapsed(probes)))
+            await asyncio.wait({starting}, timeout=max(0.0, deadline - time.monotonic()))
         if starting.done() and starting.exception() is None:
             return
         error = starting.exception() if starting.done() else None
         if error is not None and not probing.done():  # the probe often says more ("closed" has many causes)
-            await asyncio.wait({probing}, timeout=min(_PROBE_GRACE, max(0.0, timeout - _elapsed(probes))))
+            await asyncio.wait({probing}, timeout=min(_PROBE_GRACE, max(0.0, deadline - time.monotonic())))
     finally:
         aiokafka_log.removeHandler(seen)
         for task in (probing, starting):
@@ -178,10 +179,6 @@ async def connect(
     raise ClientError(_explain(settings, seen.errors, probes, error, timeout)) from None
 
 
-def _elapsed(probes: list[_Probe]) -> float:
-    return max((time.monotonic() - p.started for p in probes), default=0.0)
-
-
 class _Probe:
     """One broker, asked one Kafka request (:data:`_PROBE`): ``failure`` says why it is no Kafka
     listener (or cannot be reached); ``None`` while it says nothing or when it answered as Kafka."""
@@ -191,7 +188,6 @@ class _Probe:
         self.failure: str | None = None
         self.connected = False  # TCP
         self.kafka = False  # it answered the probe as Kafka does
-        self.started = time.monotonic()
 
     async def run(self, timeout: float) -> None:
         host, _, port = self.broker.rpartition(":")
