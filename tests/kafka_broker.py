@@ -355,7 +355,7 @@ class LocalKafka:
 
     def stop(self) -> None:
         """Stop the broker (SIGTERM, SIGKILL after 30 s) and remove its run dir."""
-        proc = self._kafka_sh("stop", timeout=90)
+        proc = self._kafka_sh("stop", timeout=200)  # (the first stop of a jar set writes the class archive)
         self.started = False
         if proc.returncode != 0:
             raise KafkaBrokerError(f"deploy/local/kafka.sh stop failed:\n{proc.stdout}")

@@ -25,6 +25,7 @@
 #   KAFKA_WATCH_PID                if set on start: stop the broker when that process exits (test runs)
 #   KAFKA_FORMAT_CACHE [1]         0: run kafka-storage format on every fresh start instead of copying a template
 #   KAFKA_OFFSETS_PARTITIONS [1]   partitions of __consumer_offsets / __transaction_state
+#   KAFKA_CDS [1]                  0: no class-data sharing archive (run/.cds/, made by the first clean stop)
 #   KAFKA_VERSION                  override the Kafka version of pom.xml (must be set for every command)
 set -euo pipefail
 
@@ -59,6 +60,8 @@ LOG_FILE="$RUN_DIR/kafka.log"
 DATA_DIR="$RUN_DIR/data"
 PROPS="$RUN_DIR/server.properties"
 INSTANCE_ENV="$RUN_DIR/instance.env"
+CDS_DIR="$RUN_ROOT/.cds"
+CDS_RECORD="$RUN_DIR/classes.jsa"
 TLS_DIR="$RUN_DIR/tls"
 PORT_VARS=(KAFKA_PORT KAFKA_CONTROLLER_PORT KAFKA_SASL_PORT KAFKA_SSL_PORT KAFKA_SASL_SSL_PORT KAFKA_SSL_EXPIRED_PORT)
 STARTED_PATTERN='Kafka Server started'
@@ -249,13 +252,15 @@ port_accepts() {
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
-terminate() {  # terminate <pid> <timeout>: SIGTERM, wait, SIGKILL
+terminate() {  # terminate <pid> <timeout>: SIGTERM, wait, SIGKILL (then sets killed=1)
     local pid="$1" timeout="$2" deadline
+    killed=0
     kill -TERM "$pid" 2>/dev/null || return 0
     deadline=$(( $(now_ms) + timeout * 1000 ))
     while kill -0 "$pid" 2>/dev/null; do
         if (( $(now_ms) > deadline )); then
             err "pid $pid still running ${timeout}s after SIGTERM; sending SIGKILL"
+            killed=1
             kill -KILL "$pid" 2>/dev/null || true
             sleep 0.2
             break
@@ -357,8 +362,9 @@ EOF
 #   expired.keystore.pem    broker key + a certificate valid 2020-01-01..2020-01-02 (EXPIRED)
 #   client.pem, client.key  a client certificate from the same CA (--ssl-certfile / --ssl-keyfile)
 # The expired certificate is signed with `openssl ca`: OpenSSL 3.0's `x509` and `req` cannot set a
-# start date. After the CA, the three certificates are made in parallel (openssl's start-up is
-# most of the cost: ~0.5 s for seven calls in a row on 2 loaded cores, about half of it this way).
+# start date. After the CA, the three certificates are made in parallel. The whole costs about
+# 0.5 s on the 2 shared cores at load 20 (openssl's own start-up, mostly), against 1.5-2.5 s that
+# the broker spends building its first SSL context (see deploy/local/README.md).
 make_certs() {
     need openssl "install it: apt-get install -y openssl"
     local d="$TLS_DIR" log="$RUN_DIR/openssl.log"
@@ -430,6 +436,43 @@ EOF
     rm -rf "$d/issued" "$d/broker.csr" "$d"/index.txt* "$d"/serial* "$log" "$log.broker" "$log.client"
 }
 
+# ----------------------------------------------------------------------------- class-data sharing
+
+# The JVM spends much of the broker's start loading and verifying Kafka's and Scala's classes.
+# A dynamic CDS archive of them (JDK 13+) cuts that: the first broker of a jar set runs with
+# -XX:ArchiveClassesAtExit and writes run/<name>/classes.jsa when it stops; a clean `stop` moves
+# it to run/.cds/<key>.jsa, which later starts map (-XX:SharedArchiveFile). The key covers the
+# jars, the java binary and the JVM options; a JVM that cannot use an archive ignores it
+# (-Xshare:auto). KAFKA_CDS=0 turns this off.
+cds_setup() {
+    cds_flags=() cds_archive="" cds_recording=0
+    [[ "${KAFKA_CDS:-1}" == 1 ]] || return 0
+    local key
+    key="$(printf '%s\n' "$(head -n 1 "$STAMP")" "$(readlink -f "$(command -v java)")" "$KAFKA_HEAP" \
+        "$KAFKA_JVM_OPTS" "$KAFKA_OPTS" | sha256sum | cut -c1-16)"
+    cds_archive="$CDS_DIR/$key.jsa"
+    # The archive's own warnings (classes it cannot hold, e.g. reload4j's) are noise in kafka.log.
+    cds_flags=(-Xshare:auto -Xlog:cds=off -Xlog:cds+dynamic=off)
+    if [[ -s "$cds_archive" ]]; then
+        cds_flags+=("-XX:SharedArchiveFile=$cds_archive")
+    else
+        rm -f "$CDS_RECORD"
+        cds_flags+=("-XX:ArchiveClassesAtExit=$CDS_RECORD")
+        cds_recording=1
+    fi
+}
+
+cds_keep() {  # after a stop: keep the archive the JVM wrote, if it exited on its own
+    if [[ "${killed:-0}" == 0 && -s "$CDS_RECORD" && -n "${KAFKA_CDS_ARCHIVE:-}" ]]; then
+        mkdir -p "$CDS_DIR"
+        # Older archives (other jar sets) are dropped: each is ~50 MB.
+        find "$CDS_DIR" -maxdepth 1 -name '*.jsa' ! -name "$(basename "$KAFKA_CDS_ARCHIVE")" -delete 2>/dev/null || true
+        mv -f "$CDS_RECORD" "$CDS_DIR/.tmp.$$.jsa" && mv -fT "$CDS_DIR/.tmp.$$.jsa" "$KAFKA_CDS_ARCHIVE"
+        say "kept the class-data archive for later starts: $KAFKA_CDS_ARCHIVE"
+    fi
+    rm -f "$CDS_RECORD"
+}
+
 # ----------------------------------------------------------------------------- commands
 
 write_instance_env() {
@@ -443,6 +486,8 @@ KAFKA_SASL_SSL_PORT=$KAFKA_SASL_SSL_PORT
 KAFKA_SSL_EXPIRED_PORT=$KAFKA_SSL_EXPIRED_PORT
 KAFKA_SSL_CAFILE=$TLS_DIR/ca.pem
 KAFKA_SASL_USER=$KAFKA_SASL_USER
+KAFKA_CDS_ARCHIVE=$cds_archive
+KAFKA_CDS_RECORDING=$cds_recording
 KAFKA_VERSION_RUNNING=$(installed_version)
 KAFKA_STARTED_AT=$(date -Is)
 EOF
@@ -453,7 +498,7 @@ load_instance_env() {  # ports of a started instance win over the environment de
     local k v
     while IFS='=' read -r k v; do
         case "$k" in
-            KAFKA_PORT|KAFKA_CONTROLLER_PORT|KAFKA_SASL_PORT|KAFKA_SSL_PORT|KAFKA_SASL_SSL_PORT|KAFKA_SSL_EXPIRED_PORT|KAFKA_SASL_USER|KAFKA_VERSION_RUNNING|KAFKA_STARTED_AT)
+            KAFKA_PORT|KAFKA_CONTROLLER_PORT|KAFKA_SASL_PORT|KAFKA_SSL_PORT|KAFKA_SASL_SSL_PORT|KAFKA_SSL_EXPIRED_PORT|KAFKA_SASL_USER|KAFKA_VERSION_RUNNING|KAFKA_STARTED_AT|KAFKA_CDS_ARCHIVE|KAFKA_CDS_RECORDING)
                 printf -v "$k" '%s' "$v" ;;
         esac
     done <"$INSTANCE_ENV"
@@ -551,6 +596,8 @@ cmd_start() {
     # Word splitting of the option strings is intended.
     # shellcheck disable=SC2206
     local jvm=($java_heap $KAFKA_JVM_OPTS "-Dlog4j.configuration=file:$HERE/log4j.properties" $KAFKA_OPTS)
+    cds_setup
+    jvm+=("${cds_flags[@]}")
 
     if [[ "$KAFKA_KEEP_DATA" == 1 && -f "$DATA_DIR/meta.properties" ]]; then
         say "keeping existing data in $DATA_DIR"
@@ -644,11 +691,17 @@ cmd_stop() {
         fi
         return 0
     fi
-    local t0
+    local t0 timeout="$KAFKA_STOP_TIMEOUT"
     t0=$(now_ms)
-    terminate "$pid" "$KAFKA_STOP_TIMEOUT"
+    load_instance_env
+    # A JVM that records the class archive writes it on exit (~50 MB, several seconds): give it time.
+    [[ "${KAFKA_CDS_RECORDING:-0}" == 1 ]] && (( timeout < 120 )) && timeout=120
+    terminate "$pid" "$timeout"
     rm -f "$PID_FILE"
     say "stopped pid $pid in $(elapsed "$t0") s"
+    if [[ "${KAFKA_CDS_RECORDING:-0}" == 1 ]]; then
+        cds_keep
+    fi
 }
 
 status_one() {
