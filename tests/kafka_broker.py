@@ -28,6 +28,7 @@ import itertools
 import logging
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -44,6 +45,15 @@ KAFKA_SH = DEPLOY_DIR / "kafka.sh"
 DEFAULT_SASL_USER = "streamdedup"
 DEFAULT_SASL_PASSWORD = "streamdedup-secret"
 SASL_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN")
+#: Listener -> (security protocol, port attribute). "EXPIRED" is an SSL listener whose
+#: certificate expired in 2020 (for tests of TLS failures).
+LISTENERS = {
+    "PLAINTEXT": ("PLAINTEXT", "port"),
+    "SASL_PLAINTEXT": ("SASL_PLAINTEXT", "sasl_port"),
+    "SSL": ("SSL", "ssl_port"),
+    "SASL_SSL": ("SASL_SSL", "sasl_ssl_port"),
+    "EXPIRED": ("SSL", "expired_ssl_port"),
+}
 
 log = logging.getLogger(__name__)
 _instance_counter = itertools.count(1)
@@ -115,8 +125,12 @@ class LocalKafka:
 
     Attributes after ``start()``: ``bootstrap`` ("127.0.0.1:PORT", PLAINTEXT),
     ``sasl_bootstrap`` (SASL_PLAINTEXT listener: SCRAM-SHA-256, SCRAM-SHA-512, PLAIN),
-    ``sasl_user``, ``sasl_password``, ``port``, ``sasl_port``, ``controller_port``,
-    ``version`` (Kafka version string), ``log_path``.
+    ``ssl_bootstrap`` (SSL), ``sasl_ssl_bootstrap`` (SASL_SSL, the same mechanisms),
+    ``expired_ssl_bootstrap`` (SSL with a certificate that expired in 2020), ``ca_file`` (the PEM
+    CA that signed the broker's certificates, made at start), ``client_cert_file`` /
+    ``client_key_file`` (a client certificate from that CA), ``sasl_user``, ``sasl_password``,
+    ``port``, ``sasl_port``, ``ssl_port``, ``sasl_ssl_port``, ``expired_ssl_port``,
+    ``controller_port``, ``version`` (Kafka version string), ``log_path``.
     """
 
     def __init__(
@@ -144,10 +158,12 @@ class LocalKafka:
         self.keep_run_dir = keep_run_dir
         self.extra_env = dict(extra_env or {})
         self.port = self.controller_port = self.sasl_port = 0
+        self.ssl_port = self.sasl_ssl_port = self.expired_ssl_port = 0
         self.version: str | None = None
         self.started = False
         self.run_dir = DEPLOY_DIR / "run" / self.name
         self.log_path = self.run_dir / "kafka.log"
+        self.tls_dir = self.run_dir / "tls"
 
     # ------------------------------------------------------------------ addresses
 
@@ -162,27 +178,92 @@ class LocalKafka:
         return f"127.0.0.1:{self.sasl_port}"
 
     @property
+    def ssl_bootstrap(self) -> str:
+        self._require_started()
+        return f"127.0.0.1:{self.ssl_port}"
+
+    @property
+    def sasl_ssl_bootstrap(self) -> str:
+        self._require_started()
+        return f"127.0.0.1:{self.sasl_ssl_port}"
+
+    @property
+    def expired_ssl_bootstrap(self) -> str:
+        """An SSL listener presenting a certificate (from ``ca_file``'s CA) that expired in 2020."""
+        self._require_started()
+        return f"127.0.0.1:{self.expired_ssl_port}"
+
+    @property
+    def ca_file(self) -> Path:
+        """The CA certificate (PEM) to trust for the SSL and SASL_SSL listeners; new on every start."""
+        self._require_started()
+        return self.tls_dir / "ca.pem"
+
+    @property
+    def client_cert_file(self) -> Path:
+        self._require_started()
+        return self.tls_dir / "client.pem"
+
+    @property
+    def client_key_file(self) -> Path:
+        self._require_started()
+        return self.tls_dir / "client.key"
+
+    def bootstrap_for(self, listener: str) -> str:
+        """The address of a listener by name: one of :data:`LISTENERS`."""
+        self._require_started()
+        return f"127.0.0.1:{getattr(self, LISTENERS[listener][1])}"
+
+    def ssl_context(self, cafile: str | Path | None = None) -> ssl.SSLContext:
+        """A verifying client context that trusts ``cafile`` (default: the broker's CA)."""
+        return ssl.create_default_context(cafile=str(cafile or self.ca_file))
+
+    @property
     def faust_broker_url(self) -> str:
         """For ``faust.App(..., broker=...)``."""
         return f"kafka://{self.bootstrap}"
 
-    def client_kwargs(self, mechanism: str | None = None, *, password: str | None = None) -> dict[str, Any]:
+    def client_kwargs(
+        self, mechanism: str | None = None, *, password: str | None = None, tls: bool = False
+    ) -> dict[str, Any]:
         """Connection kwargs for aiokafka producers/consumers/admin clients.
 
-        ``mechanism=None``: PLAINTEXT listener. Otherwise one of ``SASL_MECHANISMS`` on the
-        SASL_PLAINTEXT listener with the test user (``password`` overrides, e.g. to test failures).
+        ``mechanism=None``: the PLAINTEXT listener (``tls``: SSL). Otherwise one of
+        ``SASL_MECHANISMS`` on the SASL_PLAINTEXT listener (``tls``: SASL_SSL) with the test user
+        (``password`` overrides, e.g. to test failures). TLS trusts the broker's CA.
         """
-        if mechanism is None:
-            return {"bootstrap_servers": self.bootstrap}
-        if mechanism not in SASL_MECHANISMS:
+        if mechanism is not None and mechanism not in SASL_MECHANISMS:
             raise ValueError(f"mechanism must be one of {SASL_MECHANISMS}, got {mechanism!r}")
-        return {
-            "bootstrap_servers": self.sasl_bootstrap,
-            "security_protocol": "SASL_PLAINTEXT",
-            "sasl_mechanism": mechanism,
-            "sasl_plain_username": self.sasl_user,
-            "sasl_plain_password": self.sasl_password if password is None else password,
-        }
+        listener = ("SASL_" if mechanism else "") + ("SSL" if tls else "PLAINTEXT")
+        kw: dict[str, Any] = {"bootstrap_servers": self.bootstrap_for(listener)}
+        if listener != "PLAINTEXT":
+            kw["security_protocol"] = listener
+        if tls:
+            kw["ssl_context"] = self.ssl_context()
+        if mechanism is not None:
+            kw.update(
+                sasl_mechanism=mechanism,
+                sasl_plain_username=self.sasl_user,
+                sasl_plain_password=self.sasl_password if password is None else password,
+            )
+        return kw
+
+    def settings_env(self, listener: str = "PLAINTEXT", mechanism: str = "SCRAM-SHA-512") -> dict[str, str]:
+        """``STREAMDEDUP_*`` variables that connect streamdedup (worker, CLI, Scrapy pipeline) to a listener.
+
+        SASL listeners log in as the test user with ``mechanism``; TLS ones trust ``ca_file``.
+        """
+        protocol = LISTENERS[listener][0]
+        env = {"STREAMDEDUP_BROKERS": self.bootstrap_for(listener), "STREAMDEDUP_SECURITY_PROTOCOL": protocol}
+        if protocol.startswith("SASL_"):
+            env.update(
+                STREAMDEDUP_SASL_MECHANISM=mechanism,
+                STREAMDEDUP_SASL_USERNAME=self.sasl_user,
+                STREAMDEDUP_SASL_PASSWORD=self.sasl_password,
+            )
+        if protocol.endswith("SSL"):
+            env["STREAMDEDUP_SSL_CAFILE"] = str(self.ca_file)
+        return env
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -197,6 +278,9 @@ class LocalKafka:
             KAFKA_PORT=str(self.port),
             KAFKA_CONTROLLER_PORT=str(self.controller_port),
             KAFKA_SASL_PORT=str(self.sasl_port),
+            KAFKA_SSL_PORT=str(self.ssl_port),
+            KAFKA_SASL_SSL_PORT=str(self.sasl_ssl_port),
+            KAFKA_SSL_EXPIRED_PORT=str(self.expired_ssl_port),
             KAFKA_SASL_USER=self.sasl_user,
             KAFKA_SASL_PASSWORD=self.sasl_password,
             KAFKA_START_TIMEOUT=str(self.start_timeout),
@@ -244,7 +328,14 @@ class LocalKafka:
         t0 = time.monotonic()
         last = ""
         for attempt in range(3):
-            self.port, self.controller_port, self.sasl_port = free_ports(3)
+            (
+                self.port,
+                self.controller_port,
+                self.sasl_port,
+                self.ssl_port,
+                self.sasl_ssl_port,
+                self.expired_ssl_port,
+            ) = free_ports(6)
             proc = self._kafka_sh("start", timeout=self.start_timeout + 60)
             if proc.returncode == 0:
                 self.started = True
@@ -258,12 +349,13 @@ class LocalKafka:
             log.warning("port race starting %s (attempt %d), retrying", self.name, attempt + 1)
         raise KafkaBrokerError(
             f"could not start the local Kafka broker {self.name!r} "
-            f"(ports {self.port}/{self.controller_port}/{self.sasl_port}):\n{last}"
+            f"(ports {self.port}/{self.controller_port}/{self.sasl_port}/{self.ssl_port}/"
+            f"{self.sasl_ssl_port}/{self.expired_ssl_port}):\n{last}"
         )
 
     def stop(self) -> None:
         """Stop the broker (SIGTERM, SIGKILL after 30 s) and remove its run dir."""
-        proc = self._kafka_sh("stop", timeout=90)
+        proc = self._kafka_sh("stop", timeout=200)  # (the first stop of a jar set writes the class archive)
         self.started = False
         if proc.returncode != 0:
             raise KafkaBrokerError(f"deploy/local/kafka.sh stop failed:\n{proc.stdout}")

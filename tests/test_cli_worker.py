@@ -30,5 +30,5 @@ def test_bad_settings_exit_2_with_a_fix(args, env, message):
 def test_an_unreachable_cluster_is_one_line_and_exit_1(tmp_path):
     result = CliRunner().invoke(main, ["worker", "--brokers", "127.0.0.1:1", "--data-dir", str(tmp_path)])
     assert result.exit_code == 1
-    assert "cannot reach the Kafka brokers 127.0.0.1:1" in result.output and "check --brokers" in result.output
+    assert "cannot connect to Kafka at 127.0.0.1:1" in result.output and "check --brokers" in result.output
     assert "Traceback" not in result.output

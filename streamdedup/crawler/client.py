@@ -18,6 +18,10 @@ writes in transactions).
     async with OutputConsumer(settings, [settings.near_duplicate_topic]) as pages:
         async for p in pages:
             print(p.url, "~", p.match_url, p.distance)
+
+A client that cannot connect raises :class:`ClientError` naming the cause: a refused login or
+certificate, a port that is not Kafka's, a listener of another security protocol (:func:`connect`,
+which the worker's start uses too).
 """
 
 from __future__ import annotations
@@ -25,13 +29,22 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
+import ssl
+import struct
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.errors import KafkaConnectionError, KafkaError
+from aiokafka.errors import (
+    IllegalSaslStateError,
+    KafkaConnectionError,
+    KafkaError,
+    SaslAuthenticationFailed,
+    UnsupportedSaslMechanismError,
+)
 
 from streamdedup.engine.records import Page, page_from_json
 from streamdedup.errors import ClientError, RecordError
@@ -110,29 +123,268 @@ def _mime(content_type: str | None) -> str:
         raise RecordError(e.reason, e.message) from None
 
 
-async def _start(client: AIOKafkaProducer | AIOKafkaConsumer, brokers: Sequence[str], timeout: float) -> None:
-    errors = _Collect()  # aiokafka logs why it failed (refused, bad password...); its exception does not say
-    logging.getLogger("aiokafka").addHandler(errors)
+async def _start(client: AIOKafkaProducer | AIOKafkaConsumer, settings: Settings, timeout: float) -> None:
+    await connect(client.start, client.stop, settings, timeout)
+
+
+# ---------------------------------------------------------------------------- connecting
+
+#: The probe's correlation id, b"\r\n\r\n": it ends an HTTP request's head, so a web server on the
+#: port answers (400) at once, where it would otherwise wait for the end of a line that never comes.
+_PROBE_ID = 0x0D0A0D0A
+_PROBE_CLIENT = b"streamdedup-probe"
+#: An ApiVersions v0 request, which every Kafka listener answers, SASL ones before the login too.
+_PROBE_GRACE = 3.0  # seconds the probe may take to explain a failed start
+_PROBE = struct.pack(">ihhih", 10 + len(_PROBE_CLIENT), 18, 0, _PROBE_ID, len(_PROBE_CLIENT)) + _PROBE_CLIENT
+
+
+async def connect(
+    start: Callable[[], Awaitable[object]],
+    stop: Callable[[], Awaitable[object]],
+    settings: Settings,
+    timeout: float,
+) -> None:
+    """Run an aiokafka client's ``start``; if it fails, ``stop`` it and raise :class:`ClientError` saying why.
+
+    aiokafka's own exception says only "Unable to bootstrap" (the cause, e.g. a refused password
+    or certificate, is in its log) and a port that is not Kafka's makes it wait for the whole
+    timeout.  So the log's errors are collected while it starts, and beside it a probe sends one
+    Kafka request to every broker: when none of them is a Kafka listener the start fails at once,
+    with what answered instead.
+    """
+    seen = _Collect()
+    aiokafka_log = logging.getLogger("aiokafka")
+    aiokafka_log.addHandler(seen)
+    probes = [_Probe(b, settings.ssl_context()) for b in settings.brokers]
+    deadline = time.monotonic() + timeout
+    starting: asyncio.Future[Any] = asyncio.ensure_future(start())
+    probing: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*(p.run(timeout) for p in probes)))
     try:
-        await asyncio.wait_for(client.start(), timeout)
-    except (TimeoutError, KafkaConnectionError) as e:
-        await client.stop()
-        why = errors.last or str(e) or f"no answer in {timeout:g} s"
-        raise ClientError(
-            f"cannot connect to Kafka at {','.join(brokers)} ({why}); check --brokers / "
-            "STREAMDEDUP_BROKERS, that the broker is running, and the security settings"
-        ) from None
+        await asyncio.wait({starting, probing}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done() and not (probing.done() and all(p.failure for p in probes)):
+            await asyncio.wait({starting}, timeout=max(0.0, deadline - time.monotonic()))
+        if starting.done() and starting.exception() is None:
+            return
+        error = starting.exception() if starting.done() else None
+        if error is not None and not probing.done():  # the probe often says more ("closed" has many causes)
+            await asyncio.wait({probing}, timeout=min(_PROBE_GRACE, max(0.0, deadline - time.monotonic())))
     finally:
-        logging.getLogger("aiokafka").removeHandler(errors)
+        aiokafka_log.removeHandler(seen)
+        for task in (probing, starting):
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(probing, starting, return_exceptions=True)
+        if not (starting.done() and not starting.cancelled() and starting.exception() is None):
+            await stop()
+    raise ClientError(_explain(settings, seen.errors, probes, error, timeout)) from None
+
+
+class _Probe:
+    """One broker, asked one Kafka request (:data:`_PROBE`): ``failure`` says why it is no Kafka
+    listener (or cannot be reached); ``None`` while it says nothing or when it answered as Kafka."""
+
+    def __init__(self, broker: str, ssl_context: ssl.SSLContext | None) -> None:
+        self.broker, self.ssl_context = broker, ssl_context
+        self.failure: str | None = None
+        self.connected = False  # TCP
+        self.kafka = False  # it answered the probe as Kafka does
+
+    async def run(self, timeout: float) -> None:
+        host, _, port = self.broker.rpartition(":")
+        tls = self.ssl_context is not None
+        try:
+            reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+        except (OSError, ValueError) as e:
+            self.failure = _why(e, self.broker, tls)
+            return
+        self.connected = True
+        try:
+            if self.ssl_context is not None:
+                await writer.start_tls(self.ssl_context, server_hostname=host.strip("[]"))
+            writer.write(_PROBE)
+            await writer.drain()
+            head = b""
+            while len(head) < 8:  # the response's size and correlation id
+                if not (chunk := await reader.read(8 - len(head))):
+                    break
+                head += chunk
+            if len(head) == 8:
+                size, correlation = struct.unpack(">ii", head)
+                if correlation == _PROBE_ID and 0 < size < 1 << 20:
+                    self.kafka = True
+                    return
+                head += await _more(reader)
+            if head[:1] in (b"\x15", b"\x16") and head[1:2] == b"\x03":  # a TLS record: an alert, or a hello
+                self.failure = (
+                    f"{self.broker} answered with TLS: a TLS listener? use --security-protocol SSL or SASL_SSL"
+                )
+            elif head:
+                self.failure = f"{self.broker} is not a Kafka listener: it answered {_show(head)}"
+            else:
+                self.failure = _closed(self.broker, False)
+        except OSError as e:
+            self.failure = _why(e, self.broker, tls)
+        finally:
+            writer.close()
+
+
+async def _more(reader: asyncio.StreamReader) -> bytes:
+    try:
+        return await asyncio.wait_for(reader.read(72), 0.2)
+    except (TimeoutError, OSError):
+        return b""
+
+
+def _show(data: bytes) -> str:
+    """The start of what a non-Kafka server said, as text when it is text (``HTTP/1.1 400 ...``)."""
+    text = data.decode("latin-1")
+    if all(c.isprintable() or c in "\r\n\t" for c in text):
+        return repr(" ".join(text.split())[:60])
+    return repr(data[:24])
+
+
+def _closed(broker: str, tls: bool) -> str:
+    if tls:
+        return f"{broker} closed the connection during the TLS handshake: is it a TLS listener (SSL / SASL_SSL)?"
+    return (
+        f"{broker} closed the connection without a Kafka answer: is it a TLS or SASL listener that "
+        "needs another --security-protocol?"
+    )
+
+
+def _why(error: BaseException, broker: str, tls: bool) -> str:
+    """One broker's connection error in words, with what to check."""
+    if isinstance(error, ssl.SSLCertVerificationError):
+        reason = error.verify_message or error.reason or str(error)
+        if "expired" in reason:
+            hint = "the broker's certificate has expired: renew it (or check this machine's clock)"
+        elif "not yet valid" in reason:
+            hint = "the broker's certificate is not valid yet: check the clocks"
+        elif "mismatch" in reason or "match" in reason:
+            hint = "connect by a name the certificate holds, or set --ssl-check-hostname false"
+        else:
+            hint = "give the CA that signed the broker's certificate with --ssl-cafile / STREAMDEDUP_SSL_CAFILE"
+        return f"{broker}: TLS certificate verify failed: {reason}; {hint}"
+    if isinstance(error, ssl.SSLError):
+        alert = str(error.reason or error)
+        if "CERTIFICATE_REQUIRED" in alert:
+            return (
+                f"{broker} refused this client's certificate: it requires one ({alert}); "
+                "give --ssl-certfile and --ssl-keyfile"
+            )
+        if "ALERT" in alert and ("CERTIFICATE" in alert or "UNKNOWN_CA" in alert):
+            return (
+                f"{broker} refused this client's certificate ({alert}); give --ssl-certfile and "
+                "--ssl-keyfile from a CA the broker trusts"
+            )
+        if "WRONG_VERSION_NUMBER" in str(error) or "wrong version number" in str(error):
+            return f"{broker} does not speak TLS ({error.reason}): is it a PLAINTEXT or SASL_PLAINTEXT listener?"
+        if isinstance(error, ssl.SSLEOFError) or "EOF" in str(error):
+            return _closed(broker, True)
+        return f"{broker}: TLS handshake failed ({error.reason or error}); check the --ssl-* settings"
+    if isinstance(error, SaslAuthenticationFailed):
+        return (
+            f"{broker}: authentication failed ({error}); check --sasl-username, the password "
+            "(--sasl-password, STREAMDEDUP_SASL_PASSWORD or --sasl-password-file) and --sasl-mechanism"
+        )
+    if isinstance(error, UnsupportedSaslMechanismError | IllegalSaslStateError):
+        return f"{broker}: the broker does not take this SASL mechanism ({error}); check --sasl-mechanism"
+    if isinstance(error, ConnectionRefusedError):
+        return f"{broker}: connection refused ({error}); {_CHECK}"
+    if isinstance(error, socket.gaierror):
+        return f"{broker}: unknown host ({error.strerror}); {_CHECK}"
+    if isinstance(error, ConnectionError | EOFError | KafkaConnectionError) and (
+        not str(error) or "closed" in str(error) or "reset" in str(error)
+    ):
+        return _closed(broker, tls)
+    if isinstance(error, TimeoutError):
+        return f"{broker}: no answer in time"
+    return f"{broker}: {type(error).__name__}{f': {error}' if str(error) else ''}; {_CHECK}"
+
+
+_CHECK = "check --brokers / STREAMDEDUP_BROKERS, that the broker is running, and the security settings"
+
+#: What each kind of cause leads with, most specific first.
+_KINDS = (
+    "authentication failed",
+    "certificate verify failed",
+    "refused this client's certificate",
+    "not a Kafka listener",
+    "answered with TLS",
+    "does not speak TLS",
+    "TLS handshake failed",
+    "closed the connection",
+)
+
+
+def _explain(
+    settings: Settings,
+    logged: list[tuple[str, BaseException | None]],
+    probes: list[_Probe],
+    error: BaseException | None,
+    timeout: float,
+) -> str:
+    """Why the client could not start: aiokafka's logged errors (they name the broker), then the
+    probes', then the exception; for silence, what is known of it."""
+    tls = settings.security_protocol in ("SSL", "SASL_SSL")
+    kafka = {p.broker for p in probes if p.kafka}
+    # A request that timed out says no more than silence does: the probe tells what is known of it.
+    timed_out = error is None or any(isinstance(e, TimeoutError) for _, e in logged)
+    reasons = [_why(e, broker, tls) for broker, e in logged if e is not None and not isinstance(e, TimeoutError)]
+    if "SASL" not in settings.security_protocol:  # Kafka that hangs up after one answer: it wants a login
+        reasons = [
+            f"{r.split(' ')[0]} answered a Kafka request and then closed the connection: a SASL listener? "
+            f"use --security-protocol SASL_{'SSL' if tls else 'PLAINTEXT'} and the --sasl-* settings"
+            if "closed the connection" in r and r.split(" ")[0] in kafka
+            else r
+            for r in reasons
+        ]
+    reasons += [p.failure for p in probes if p.failure]
+    if not reasons and error is not None and not timed_out and not isinstance(error, TimeoutError):
+        reasons.append(_why(error, ",".join(settings.brokers), tls))
+    if not reasons:
+        silent = [p.broker for p in probes if p.connected and not p.kafka]
+        if silent:
+            what = "completed no TLS handshake and " if tls else ""
+            reasons.append(
+                f"{', '.join(silent)} accepted the connection but {what}answered no Kafka request in "
+                f"{timeout:g} s: is it a Kafka listener, of this --security-protocol?"
+            )
+        else:
+            reasons.append(f"no answer in {timeout:g} s; {_CHECK}")
+    if timed_out and kafka:
+        reasons.append(f"{', '.join(sorted(kafka))} answered as Kafka, but the client did not start in {timeout:g} s")
+    reasons.sort(key=lambda r: next((i for i, k in enumerate(_KINDS) if k in r), len(_KINDS)))
+    told: dict[str, str] = {}  # the most telling reason of each broker, as aiokafka or the probe saw it
+    for r in reasons:
+        told.setdefault(r.split(" ")[0].rstrip(":"), r)
+    why = "; ".join(told.values())
+    return f"cannot connect to Kafka at {','.join(settings.brokers)} ({settings.security_protocol}): {why}"
 
 
 class _Collect(logging.Handler):
+    """aiokafka's connection errors while a client starts: ``(broker, exception)`` as it logged them."""
+
     def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.last: str | None = None
+        super().__init__(logging.WARNING)
+        self.errors: list[tuple[str, BaseException | None]] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.last = record.getMessage()
+        args = record.args if isinstance(record.args, tuple) else ()
+        error = args[-1] if args and isinstance(args[-1], BaseException) else None
+        if error is None and record.levelno < logging.ERROR:
+            return
+        if len(args) == 3:  # 'Unable connect to "%s:%s": %s', host, port, err
+            broker = f"{args[0]}:{args[1]}"
+        elif len(args) == 2:  # "Unable connect to node with id %s: %s", node_id, err
+            broker = f"node {args[0]}"
+        else:
+            broker = "Kafka"
+        self.errors.append((broker, error if error is not None else _Logged(record.getMessage())))
+
+
+class _Logged(Exception):
+    """An error aiokafka logged without an exception object."""
 
 
 # ---------------------------------------------------------------------------- producer
@@ -162,7 +414,7 @@ class PageProducer:
         self.topic = topic or settings.pages_topic
         self.max_bytes = settings.max_page_bytes
         self.pages_sent = self.bytes_sent = 0
-        self._brokers = settings.brokers
+        self._settings = settings
         self._connect_timeout = connect_timeout
         # A record may be max_page_bytes plus its key and headers: let the broker's limit decide.
         self._kwargs = {
@@ -179,7 +431,7 @@ class PageProducer:
     async def start(self) -> None:
         """Connect, and check that the pages topic exists (raises :class:`ClientError`)."""
         self._producer = AIOKafkaProducer(**self._kwargs)
-        await _start(self._producer, self._brokers, self._connect_timeout)
+        await _start(self._producer, self._settings, self._connect_timeout)
         try:
             await asyncio.wait_for(self._producer.partitions_for(self.topic), self._connect_timeout)
         except (TimeoutError, KafkaError) as e:
@@ -356,7 +608,7 @@ class _TopicReader:
         settings = settings or Settings()
         self.topics = tuple(topics)
         self._group_id, self._from_beginning = group_id, from_beginning
-        self._brokers, self._connect_timeout = settings.brokers, connect_timeout
+        self._settings, self._connect_timeout = settings, connect_timeout
         self._kwargs = {
             "isolation_level": "read_committed",
             "group_id": group_id,
@@ -370,7 +622,7 @@ class _TopicReader:
     async def start(self) -> None:
         """Connect and take position; raises :class:`ClientError` if a topic does not exist."""
         consumer = self._consumer = AIOKafkaConsumer(**self._kwargs)
-        await _start(consumer, self._brokers, self._connect_timeout)
+        await _start(consumer, self._settings, self._connect_timeout)
         try:
             if missing := [t for t in self.topics if t not in await consumer.topics()]:
                 raise ClientError(

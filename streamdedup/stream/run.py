@@ -8,9 +8,10 @@ import time
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import TopicAlreadyExistsError
 
-from streamdedup.errors import TopicError
+from streamdedup.crawler.client import connect
+from streamdedup.errors import ClientError, TopicError
 from streamdedup.pipeline.routing import OUTPUT_OVERHEAD_BYTES
 from streamdedup.settings import Settings
 
@@ -31,13 +32,10 @@ async def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
     from streamdedup.stream.app import internal_topics
 
     admin = AIOKafkaAdminClient(**settings.aiokafka_kwargs(), request_timeout_ms=int(timeout * 1000))
-    try:
-        await asyncio.wait_for(admin.start(), timeout)
-    except (TimeoutError, KafkaConnectionError, KafkaError) as e:
-        raise TopicError(
-            f"cannot reach the Kafka brokers {','.join(settings.brokers)} ({type(e).__name__}: {e}); "
-            "check --brokers / STREAMDEDUP_BROKERS and the security settings"
-        ) from None
+    try:  # (the same diagnosis as the clients': a refused login, certificate or non-Kafka port by name)
+        await connect(admin.start, admin.close, settings, timeout)
+    except ClientError as e:
+        raise TopicError(str(e)) from None
     try:
         existing = set(await admin.list_topics())
         if settings.pages_topic in existing:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import socket
+import ssl
 import subprocess
 import time
 
@@ -179,20 +181,25 @@ def _kcat() -> str:
     return path
 
 
-@pytest.mark.parametrize("listener", ["PLAINTEXT", "SCRAM-SHA-512"])
+@pytest.mark.parametrize("listener", ["PLAINTEXT", "SCRAM-SHA-512", "SSL", "SASL_SSL"])
 def test_kcat_produces_aiokafka_reads(kafka, listener):
     kcat = _kcat()
     topic = kafka.create_topic(unique_name("kcat"))
     if listener == "PLAINTEXT":
         conn = ["-b", kafka.bootstrap]
+    elif listener == "SSL":  # librdkafka, another TLS stack, trusts the broker's CA too
+        conn = ["-b", kafka.ssl_bootstrap, "-X", "security.protocol=SSL", "-X", f"ssl.ca.location={kafka.ca_file}"]
     else:
+        tls = listener == "SASL_SSL"
         conn = [
-            "-b", kafka.sasl_bootstrap,
-            "-X", "security.protocol=SASL_PLAINTEXT",
-            "-X", f"sasl.mechanism={listener}",
+            "-b", kafka.sasl_ssl_bootstrap if tls else kafka.sasl_bootstrap,
+            "-X", f"security.protocol={'SASL_SSL' if tls else 'SASL_PLAINTEXT'}",
+            "-X", "sasl.mechanism=SCRAM-SHA-512",
             "-X", f"sasl.username={kafka.sasl_user}",
             "-X", f"sasl.password={kafka.sasl_password}",
         ]  # fmt: skip
+        if tls:
+            conn += ["-X", f"ssl.ca.location={kafka.ca_file}"]
     lines = ["doc-1 first body", "doc-2 second body", "doc-3 third body"]
     subprocess.run(
         [kcat, *conn, "-P", "-t", topic, "-K", " ", "-H", "source=kcat", "-X", "acks=all"],
@@ -206,6 +213,42 @@ def test_kcat_produces_aiokafka_reads(kafka, listener):
     got = asyncio.run(_consume(kafka.client_kwargs(), topic, len(lines)))
     assert [(k, v) for k, v, _ in got] == [tuple(s.encode() for s in line.split(" ", 1)) for line in lines]
     assert all(h == {"source": b"kcat"} for _, _, h in got)
+
+
+@pytest.mark.parametrize("mechanism", [None, "SCRAM-SHA-256", "PLAIN"])
+def test_tls_produce_consume(kafka, mechanism):
+    """SSL (mechanism None) and SASL_SSL listeners, verified against the CA made at the broker's start."""
+    topic = kafka.create_topic(unique_name("tls"))
+    sent = _messages(3, mechanism or "ssl")
+    kw = kafka.client_kwargs(mechanism, tls=True)
+    assert kw["security_protocol"] == ("SASL_SSL" if mechanism else "SSL")
+    assert kw["ssl_context"].verify_mode == ssl.CERT_REQUIRED and kw["ssl_context"].check_hostname
+
+    async def run():
+        await _produce(kw, topic, sent)
+        return await _consume(kw, topic, len(sent), group_id=unique_name("tls-group"))
+
+    got = asyncio.run(run())
+    assert [(k, v) for k, v, _ in got] == sent
+
+
+def test_the_tls_certificates_are_made_at_start(kafka):
+    """A CA, a broker certificate for 127.0.0.1 / localhost, and one that expired in 2020 on EXPIRED."""
+    ca = ssl.create_default_context(cafile=str(kafka.ca_file))
+    for listener, expect in (("SSL", None), ("EXPIRED", "certificate has expired")):
+        host, port = kafka.bootstrap_for(listener).split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as raw:
+            if expect is None:
+                with ca.wrap_socket(raw, server_hostname=host) as tls:
+                    cert = tls.getpeercert()
+                    assert ("IP Address", "127.0.0.1") in cert["subjectAltName"]
+                    assert ("DNS", "localhost") in cert["subjectAltName"]
+            else:
+                with pytest.raises(ssl.SSLCertVerificationError, match=expect):
+                    ca.wrap_socket(raw, server_hostname=host)
+    assert kafka.client_cert_file.exists() and kafka.client_key_file.exists()
+    # The private keys stay in a directory only the broker's user can read.
+    assert kafka.ca_file.parent.stat().st_mode & 0o077 == 0
 
 
 def test_kafka_sh_refuses_a_port_in_use(kafka):
@@ -225,4 +268,8 @@ def test_kafka_sh_refuses_a_port_in_use(kafka):
 
 def test_status_reports_the_session_broker(kafka):
     assert kafka.is_running()
+    status = kafka._kafka_sh("status", timeout=30).stdout
+    assert f"SSL             127.0.0.1:{kafka.ssl_port}   CA {kafka.ca_file}" in status
+    assert f"SASL_SSL        127.0.0.1:{kafka.sasl_ssl_port}" in status
+    assert f"127.0.0.1:{kafka.expired_ssl_port}" in status
     assert kafka.version and kafka.version.startswith("3.9.")

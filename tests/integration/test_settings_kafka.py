@@ -1,10 +1,13 @@
-"""Settings against the real broker: SCRAM-SHA-256/512 over SASL_PLAINTEXT, through aiokafka
-(``aiokafka_kwargs()``) and through faust's own driver (``faust_broker_url()`` and
-``faust_credentials()``), and a wrong password failing clearly in both."""
+"""Settings against the real broker: SCRAM-SHA-256/512 over SASL_PLAINTEXT, SSL and SASL_SSL on
+its TLS listeners (``--ssl-cafile``, a client certificate), through aiokafka (``aiokafka_kwargs()``)
+and through faust's own driver (``faust_broker_url()`` and ``faust_credentials()``), and a wrong
+password failing clearly in both."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
 import time
 
 import faust
@@ -13,6 +16,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaConnectionError
 from kafka_broker import unique_name  # tests/ is on sys.path (conftest.py)
 
+from streamdedup.crawler.client import PageProducer
+from streamdedup.errors import ClientError
 from streamdedup.settings import Settings
 from streamdedup.stream.connection import faust_broker_url, faust_credentials
 
@@ -130,3 +135,104 @@ def test_wrong_password_fails_clearly(kafka, mechanism, caplog):
     # One from aiokafka directly, one from faust's driver, both naming the SCRAM mechanism in use.
     assert len(failures) >= 2, failures
     assert all(f"invalid credentials with SASL mechanism {mechanism}" in m for m in failures), failures
+
+
+# ---------------------------------------------------------------------------- TLS
+
+
+def _tls_settings(kafka, listener: str, **flags: str) -> Settings:
+    """Settings for the broker's SSL or SASL_SSL listener, trusting its CA (``--ssl-cafile``)."""
+    given = {
+        "brokers": kafka.bootstrap_for(listener),
+        "security_protocol": listener,
+        "ssl_cafile": str(kafka.ca_file),
+        "app_id": unique_name("settings-tls"),
+    }
+    if listener == "SASL_SSL":
+        given.update(sasl_mechanism="SCRAM-SHA-256", sasl_username=kafka.sasl_user, sasl_password=kafka.sasl_password)
+    return Settings.from_sources({**given, **flags}, {})
+
+
+@pytest.mark.parametrize("listener", ["SSL", "SASL_SSL"])
+def test_aiokafka_over_tls_with_settings(kafka, listener):
+    settings = _tls_settings(kafka, listener)
+    topic = kafka.create_topic(unique_name("settings-tls"))
+
+    async def run():
+        producer = AIOKafkaProducer(**settings.aiokafka_kwargs(), acks="all")
+        await producer.start()
+        try:
+            assert producer.client._security_protocol == listener
+            await producer.send_and_wait(topic, b"over-tls", key=b"k")
+        finally:
+            await producer.stop()
+        return await _read_one(settings, topic)
+
+    record = asyncio.run(run())
+    assert (record.key, record.value) == (b"k", b"over-tls")
+
+
+@pytest.mark.parametrize("listener", ["SSL", "SASL_SSL"])
+def test_faust_producer_over_tls_with_settings(kafka, listener):
+    settings = _tls_settings(kafka, listener)
+    topic = kafka.create_topic(unique_name("settings-faust-tls"))
+
+    async def run():
+        producer = _faust_app(settings).producer
+        await producer.start()
+        try:
+            client = producer._producer.client
+            assert client._security_protocol == listener and client._ssl_context is not None
+            await producer.send_and_wait(topic, b"k", b"via-faust-tls", partition=None, timestamp=None, headers=None)
+        finally:
+            await producer.stop()
+        return await _read_one(settings, topic)
+
+    record = asyncio.run(run())
+    assert (record.key, record.value) == (b"k", b"via-faust-tls")
+
+
+def test_a_client_certificate_is_offered_and_verified_by_the_broker(kafka, tmp_path):
+    """The broker checks a client certificate it is offered (ssl.client.auth=requested): one from its
+    CA is let in, one from another CA is refused, so --ssl-certfile / --ssl-keyfile really reach it."""
+    topic = kafka.create_topic(unique_name("settings-mtls"))
+    ours = _tls_settings(kafka, "SSL", ssl_certfile=str(kafka.client_cert_file), ssl_keyfile=str(kafka.client_key_file))
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", str(tmp_path / "other.key"), "-out", str(tmp_path / "other.pem"), "-days", "1",
+            "-subj", "/CN=stranger",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )  # fmt: skip
+    stranger = _tls_settings(
+        kafka, "SSL", ssl_certfile=str(tmp_path / "other.pem"), ssl_keyfile=str(tmp_path / "other.key")
+    )
+
+    async def run():
+        async with PageProducer(ours, topic=topic) as producer:
+            await (await producer.send({"url": "http://mtls.test/", "content": "<p>signed</p>"}))
+        with pytest.raises(ClientError, match="refused this client's certificate"):
+            await PageProducer(stranger, topic=topic).start()
+
+    asyncio.run(run())
+    assert json.loads(asyncio.run(_read_one(ours, topic)).value)["url"] == "http://mtls.test/"
+
+
+def test_the_broker_certificate_names_the_host(kafka):
+    """--ssl-check-hostname (on by default) holds: the certificate is for 127.0.0.1 and localhost."""
+    port = kafka.ssl_port
+    by_name = _tls_settings(kafka, "SSL", brokers=f"localhost:{port}")
+    assert by_name.ssl_context().check_hostname
+
+    async def run():
+        consumer = AIOKafkaConsumer(**by_name.aiokafka_kwargs())
+        await consumer.start()
+        try:
+            return await consumer.topics()
+        finally:
+            await consumer.stop()
+
+    assert isinstance(asyncio.run(run()), set)
