@@ -240,7 +240,7 @@ class LSHIndex:
     >>> index = LSHIndex(threshold=0.8, num_perm=128)
     >>> index.add_many(["dickens", "melville"], sigs[[0, 2]])
     >>> index.query(sigs[1])
-    [('dickens', 0.90625)]
+    [('dickens', 0.8671875)]
     >>> index.remove("dickens"), len(index), index.query(sigs[1])
     (True, 1, [])
     """
