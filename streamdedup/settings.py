@@ -24,7 +24,7 @@ import ssl
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from streamdedup.engine.dedup import ALGORITHMS
 from streamdedup.engine.records import DEFAULT_MAX_PAGE_BYTES
@@ -443,7 +443,7 @@ class Settings:
                 raise _error("sasl_password_file", f"cannot be read ({e}); use a readable UTF-8 file") from None
             if not raw["sasl_password"]:
                 raise _error("sasl_password_file", f"{str(path)!r} is empty; put the password in it")
-        return cls(**raw)
+        return cls(**cast(dict[str, Any], raw))
 
     # ------------------------------------------------------------------ for logs and clients
 

@@ -240,11 +240,11 @@ def _decode(raw: bytes, charset: str | None, content_type: str | None) -> tuple[
             return None, raw
     except UnicodeDecodeError:
         pass
-    cands = [declared]
+    labels: list[str | None] = [declared]
     if mime in _HTML_TYPES or mime in _SNIFF_TYPES:
         m = _META.search(raw[:2048])
-        cands.append(_codec(m and (m.group(1) or m.group(2)).decode("ascii")))
-    cands = [c for c in cands if c and c != "utf-8" and c not in _UTF16]  # (a <meta> utf-16 means utf-8)
+        labels.append(_codec(m and (m.group(1) or m.group(2)).decode("ascii")))
+    cands = [c for c in labels if c and c != "utf-8" and c not in _UTF16]  # (a <meta> utf-16 means utf-8)
     for enc in cands:
         try:
             return _check_text(raw.decode(enc)), None
@@ -276,7 +276,10 @@ def decode_body(raw: bytes, charset: str | None = None, content_type: str | None
     streamdedup.errors.RecordError: binary: binary file signature b'\\x89PNG\\r\\n\\x1a\\n'
     """
     text, utf8 = _decode(bytes(raw), charset, content_type)
-    return text if utf8 is None else utf8.decode("utf-8", "replace")
+    if utf8 is not None:
+        return utf8.decode("utf-8", "replace")
+    assert text is not None  # _decode gives the text or the UTF-8 bytes
+    return text
 
 
 # ---------------------------------------------------------------- HTML
@@ -387,7 +390,7 @@ _KIND = {
 _WRAPPER_IDS = frozenset(_TAG[t] for t in _WRAPPERS)
 _STOP = (_TAG["html"], _TAG["body"], _TAG["main"], _TAG["article"])
 try:  # bypass Cython's fused-type dispatch, which is half the cost of an insert
-    _INS_BEFORE, _INS_AFTER = LexborNode.insert_before["bytes"], LexborNode.insert_after["bytes"]
+    _INS_BEFORE, _INS_AFTER = LexborNode.insert_before["bytes"], LexborNode.insert_after["bytes"]  # type: ignore[index]  # (selectolax fused-type specialisation)
 except (TypeError, KeyError, AttributeError):  # pragma: no cover - other selectolax builds
     _INS_BEFORE, _INS_AFTER = LexborNode.insert_before, LexborNode.insert_after
 
@@ -459,7 +462,8 @@ def _html_text(data: bytes) -> str:
         while p is not None and p.mem_id not in protected:
             protected.add(p.mem_id)
             p = p.parent
-    total, forms = None, []
+    total: int | None = None
+    forms = []
     for n, by_attr in cands:
         t = n.tag_id
         if by_attr:
@@ -468,7 +472,7 @@ def _html_text(data: bytes) -> str:
             if not anchors and t in _WRAPPER_IDS:  # no main/article: never take half the page
                 size = len(n.text())
                 total = len(root.text()) if total is None and size > 500 else total
-                if size > 500 and size * 2 > total:
+                if size > 500 and total is not None and size * 2 > total:
                     continue
         elif t == _TAG["form"]:
             forms.append(n)
@@ -503,12 +507,21 @@ def visible_text(content: str | bytes, content_type: str | None = None, charset:
     if content is None:
         raise RecordError("empty", _EMPTY)
     mime = text_mime(content_type) or sniff_content_type(content)
+    text: str | None
+    data: bytes | None
     if isinstance(content, str):
         text, data = _check_text(content), None
     elif isinstance(content, (bytes, bytearray, memoryview)):
         text, data = _decode(bytes(content), charset, content_type)
     else:
         raise TypeError(f"content must be str or bytes, not {type(content).__name__}")
+    if data is None:
+        assert text is not None  # _decode gives the text or the UTF-8 bytes
+        data_or_text: str | bytes = text
+    else:
+        data_or_text = data
     if mime == "text/plain":
-        return normalize_text(text if data is None else data.decode("utf-8", "replace"))
-    return _html_text(data if data is not None else text.encode("utf-8", "replace"))
+        return normalize_text(
+            data_or_text if isinstance(data_or_text, str) else data_or_text.decode("utf-8", "replace")
+        )
+    return _html_text(data_or_text if isinstance(data_or_text, bytes) else data_or_text.encode("utf-8", "replace"))

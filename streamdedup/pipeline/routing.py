@@ -60,6 +60,8 @@ def verdict_record(w: Waiting) -> dict:
     """The compact verdict of a judged page (the verdicts topic's value): the fields ``scan``
     writes, and where the page was read from."""
     best = w.best
+    # a judged page has all four (only dead letters lack them)
+    assert w.page_id is not None and w.url is not None and w.verdict is not None and w.fingerprint is not None
     v = Verdict(
         w.page_id,
         w.url,
@@ -91,6 +93,7 @@ def outputs(w: Waiting, topics: Topics, shrink: int = 0) -> list[Output]:
             if shrink >= 2:
                 key, kept = (key[:1024] if key is not None else None), []
         return [Output(topics.dead_letter, key, value, kept + ours)]
+    assert w.page_id is not None and w.verdict is not None and w.fingerprint is not None  # judged, as above
     # intake refuses ids and urls that are not valid UTF-8; "replace" keeps a bug from writing invalid bytes
     key = w.page_id.encode("utf-8", "replace")
     ours = [("streamdedup-verdict", w.verdict.encode()), ("streamdedup-fingerprint", to_hex(w.fingerprint).encode())]

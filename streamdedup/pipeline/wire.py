@@ -157,7 +157,8 @@ class Batch:
             ("partition", partition),
         ):
             rows[name] = value
-        parts, id_len, url_len = [], np.empty(n, np.uint32), np.empty(n, np.uint32)
+        parts: list[bytes] = []
+        id_len, url_len = np.empty(n, np.uint32), np.empty(n, np.uint32)
         for i, (a, b) in enumerate(zip(ids, urls)):
             ab, ub = b"" if a == b else a.encode("utf-8", "surrogatepass"), b.encode("utf-8", "surrogatepass")
             parts += (ab, ub)
