@@ -26,6 +26,7 @@ import re
 import shutil
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -253,14 +254,34 @@ def test_each_alert_fires_when_its_failure_is_provoked(kafka, tmp_path):
         (err,) = prom.query(rules["StreamdedupErrors"])
         assert err["metric"]["stage"] == "answers"
 
-        # crawlers checking large pages at once: the worker extracts and fingerprints each one in
-        # its event loop, so the later ones wait for the earlier ones
-        words = " ".join(f"w{i % 7919}" for i in range(140_000))
-        big = page_record("http://prom.test/big", f"<p>{words}</p>")
-        assert len(json.dumps(big)) < 1_000_000  # under aiohttp's 1 MiB request limit
+        # crawlers checking pages while the worker works through a backlog: a check is extracted and
+        # fingerprinted in the same process pool as the pages, behind their batches, so its answer waits.
+        # The worker takes 4 checks per fingerprinting process at once; the rest get 503 + Retry-After
+        # and are sent again, as a crawler would.
+        backlog = [
+            page_record(f"http://prom.test/backlog/{i}", "<p>" + " ".join(f"b{i}w{j}" for j in range(300)) + "</p>")
+            for i in range(6000)
+        ]
         assert not fires("StreamdedupCheckLatencyHigh")
-        with ThreadPoolExecutor(16) as pool:
-            assert list(pool.map(lambda _: post_check(worker.web_port, big), range(16))) == [200] * 16
+        produce(kafka, topics.pages, backlog)
+        page = page_record(
+            "http://prom.test/check-during-backlog", "<p>" + " ".join(f"c{j}" for j in range(300)) + "</p>"
+        )
+        answered = 0
+
+        def check_until_answered(_: int) -> int:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    return post_check(worker.web_port, page)
+                except urllib.error.HTTPError as e:
+                    if e.code != 503 or time.monotonic() > deadline:
+                        raise
+                    time.sleep(float(e.headers.get("Retry-After", "1")))
+
+        with ThreadPoolExecutor(4) as pool:
+            answered += sum(s == 200 for s in pool.map(check_until_answered, range(8)))
+        assert answered == 8
         prom.wait(lambda: fires("StreamdedupCheckLatencyHigh"), 60, "the /check latency alert")
 
         promtool_check_metrics(scrape(worker.web_port))  # with every label child the traffic made
