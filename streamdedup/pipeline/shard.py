@@ -338,7 +338,7 @@ class _GroupStore:
         q, row, dist = found.query, found.row, found.distance
         # Where each probe stands in this group's order: after every stored page, unless its id
         # and fingerprint are stored already (a replay or an unchanged re-fetch), then at its first
-        # store.  Hits are sorted by (query, distance, row), so minimum.at keeps the first store.
+        # store (the smallest such row: rows are numbered in store order).
         pos = np.full(n, start, dtype=np.int64)
         same = (dist == 0) & (self.id_hash.view()[row] == id_hash[q])
         np.minimum.at(pos, q[same], row[same])

@@ -100,18 +100,23 @@ def test_a_wave_in_reverse_fetched_at_order_loses_no_pair_and_equals_scan(kafka,
         assert judged[a][0] == "unique" and judged[b][1] == a
 
 
+def split(records: list[dict], pairs: list[tuple[str, str]], n: int = 4) -> list[int]:
+    """A partition for each record: a pair's second page goes to the partition after its first's."""
+    other = {a: b for a, b in pairs} | {b: a for a, b in pairs}
+    slot = {r["url"]: i for i, r in enumerate(records)}
+    partitions: list[int] = []
+    for i, r in enumerate(records):
+        twin = other.get(r["url"])
+        partitions.append((partitions[slot[twin]] + 1) % n if twin is not None and slot[twin] < i else i % n)
+    return partitions
+
+
 @pytest.mark.parametrize("workers", [1, 2, 3])
 def test_pairs_split_across_partitions_in_one_burst_flag_exactly_one_page(kafka, tmp_path, workers):
     """4 partitions, each pair's pages in different partitions, everything produced in one burst
     (the pages of a pair reach the shards at about the same instant, through different workers)."""
     records, pairs = planted(seed=12 + workers, n_pairs=40, n_alone=20)
-    other = {a: b for a, b in pairs} | {b: a for a, b in pairs}
-    slot = {r["url"]: i for i, r in enumerate(records)}
-    partitions = []
-    for i, r in enumerate(records):
-        twin = other.get(r["url"])
-        # a pair's second page goes to the partition after its first page's
-        partitions.append((partitions[slot[twin]] + 1) % 4 if twin is not None and slot[twin] < i else i % 4)
+    partitions = split(records, pairs)
     topics = StreamTopics.fresh(kafka, partitions=4)
     procs = [WorkerProcess(kafka, topics, tmp_path, name=f"w{i}") for i in range(workers)]
     try:
@@ -123,4 +128,31 @@ def test_pairs_split_across_partitions_in_one_burst_flag_exactly_one_page(kafka,
     finally:
         for w in procs:
             w.__exit__(None, None, None)
+    exactly_one_of_each_pair(judged_once(out, records), pairs)
+
+
+def test_pairs_split_across_partitions_survive_a_sigkill(kafka, tmp_path):
+    """Two workers, pairs split across partitions in one burst; one worker is SIGKILLed mid-stream
+    and restarted: every page still has exactly one verdict and every pair exactly one flag
+    (replayed pages keep the place of their first insert in the shards)."""
+    records, pairs = planted(seed=21, n_pairs=200, n_alone=200)
+    topics = StreamTopics.fresh(kafka, partitions=4)
+    procs = [WorkerProcess(kafka, topics, tmp_path, name=f"w{i}") for i in range(2)]
+    try:
+        for w in procs:
+            w.start(timeout=90)
+        wait_for_group(kafka, topics.app_id, 2, timeout=90)
+        partitions = split(records, pairs)
+        produce(kafka, topics.pages, records, partitions=partitions)
+        before = wait_for_verdicts(kafka, topics, 40, timeout=90, to_end=False)
+        procs[0].kill()
+        assert sum(map(len, before["verdicts"].values())) < len(records), "the kill did not land mid-stream"
+        procs[0].start(timeout=90)
+        out = wait_for_verdicts(kafka, topics, len(records), timeout=240)
+    finally:
+        for w in procs:
+            w.__exit__(None, None, None)
+    where = dict(zip((r["url"] for r in records), partitions))
+    missing = sorted((where[r["url"]], r["url"]) for r in records if r["url"] not in out["verdicts"])
+    assert not missing, f"{len(missing)} pages have no verdict (partition, url): {missing[:10]}"
     exactly_one_of_each_pair(judged_once(out, records), pairs)
