@@ -91,7 +91,7 @@ class Deduplicator:
             raise ValueError(f"threshold must be between 0 and 1 (exclusive), got {threshold}")
         self.algorithm, self.k, self.threshold, self.num_perm = algorithm, k, threshold, num_perm
         self._index = HammingIndex(k=k, design=design) if algorithm != "minhash" else None
-        self._masks = group_masks(self._index.design) if algorithm == "simhash" else None
+        self._masks = group_masks(self._index.design) if self._index is not None and algorithm == "simhash" else None
         if algorithm == "minhash":
             # Banding weighted against misses: candidates are verified by their estimate anyway.
             b, r = choose_bands(threshold, num_perm, fp_weight=0.1, fn_weight=0.9)
