@@ -24,10 +24,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from kafka_broker import free_ports, unique_name
 
-__all__ = ["StreamTopics", "WorkerProcess", "produce", "read_all", "wait_for_verdicts", "page_record"]
+__all__ = [
+    "StreamTopics",
+    "WorkerProcess",
+    "produce",
+    "read_all",
+    "read_to_end",
+    "wait_for_verdicts",
+    "wait_until_committed",
+    "wait_for_group",
+    "page_record",
+]
 
 READY = "[^Worker]: Ready"
 
@@ -160,20 +171,24 @@ def page_record(url: str, content: str, fetched_at: str | None = None, **extra: 
     return rec
 
 
-def produce(kafka, topic: str, records: list, client_kwargs: dict | None = None) -> None:
-    """Send records: a dict becomes JSON keyed by its id or url; a (key, value[, headers]) tuple
-    is sent as it is (raw bytes, for bad input)."""
+def produce(
+    kafka, topic: str, records: list, client_kwargs: dict | None = None, partitions: list | None = None
+) -> None:
+    """Send records in one burst: a dict becomes JSON keyed by its id or url; a (key, value[,
+    headers]) tuple is sent as it is (raw bytes, for bad input).  ``partitions``: the partition
+    of each record (default: by key)."""
 
     async def run() -> None:
         p = AIOKafkaProducer(**(client_kwargs or kafka.client_kwargs()), max_request_size=20_000_000)
         await p.start()
         try:
-            for r in records:
+            for i, r in enumerate(records):
+                part = partitions[i] if partitions is not None else None
                 if isinstance(r, dict):
                     key = (r.get("id") or r["url"]).encode()
-                    await p.send(topic, json.dumps(r).encode(), key=key)
+                    await p.send(topic, json.dumps(r).encode(), key=key, partition=part)
                 else:
-                    await p.send(topic, r[1], key=r[0], headers=list(r[2]) if len(r) > 2 else None)
+                    await p.send(topic, r[1], key=r[0], headers=list(r[2]) if len(r) > 2 else None, partition=part)
             await p.flush()
         finally:
             await p.stop()
@@ -209,12 +224,21 @@ def read_all(kafka, topics: list[str], until: Any, timeout: float = 60.0) -> dic
     return asyncio.run(run())
 
 
-def wait_for_verdicts(kafka, topics: StreamTopics, n: int, timeout: float = 60.0, dead_letters: int = 0) -> dict:
-    """Every output record once ``n`` verdict records and ``dead_letters`` dead letters are in.
+def wait_for_verdicts(
+    kafka, topics: StreamTopics, n: int, timeout: float = 60.0, dead_letters: int = 0, to_end: bool = True
+) -> dict:
+    """Every output record, once ``n`` verdict records and ``dead_letters`` dead letters are in.
+
+    ``to_end`` (the default, for exactly-once checks): also wait until the worker has committed
+    every page produced so far (its group's committed offsets reach the pages topic's end; the
+    outputs are committed in the same transactions), then read every output topic to its end
+    offsets, so a late duplicate is seen.  ``to_end=False``: return as soon as the counts are in
+    (e.g. to kill a worker mid-stream).  On timeout, returns what there is.
 
     Returns ``{"verdicts": {id: [verdict dicts]}, "unique": [...], "near": [...], "dead": [...]}``.
     """
     names = [topics.verdicts, topics.unique, topics.near_duplicate, topics.dead_letter]
+    deadline = time.monotonic() + timeout
 
     def done(out: dict) -> bool:
         return (
@@ -224,6 +248,9 @@ def wait_for_verdicts(kafka, topics: StreamTopics, n: int, timeout: float = 60.0
         )
 
     out = read_all(kafka, names, done, timeout)
+    if to_end:
+        wait_until_committed(kafka, topics, max(0.0, deadline - time.monotonic()))
+        out = read_to_end(kafka, names)
     verdicts: dict[str, list] = defaultdict(list)
     for m in out[topics.verdicts]:
         v = json.loads(m.value)
@@ -234,3 +261,93 @@ def wait_for_verdicts(kafka, topics: StreamTopics, n: int, timeout: float = 60.0
         "near": out[topics.near_duplicate],
         "dead": out[topics.dead_letter],
     }
+
+
+def wait_until_committed(kafka, topics: StreamTopics, timeout: float) -> bool:
+    """Poll until the app's consumer group has committed every record of the pages topic
+    (True), or ``timeout`` passes (False)."""
+
+    async def run() -> bool:
+        admin = AIOKafkaAdminClient(**kafka.client_kwargs())
+        c = AIOKafkaConsumer(**kafka.client_kwargs(), group_id=None, enable_auto_commit=False)
+        await admin.start()
+        await c.start()
+        try:
+            tps = [TopicPartition(topics.pages, p) for p in range(topics.partitions)]
+            deadline = time.monotonic() + timeout
+            while True:
+                ends = await c.end_offsets(tps)
+                committed = await admin.list_consumer_group_offsets(topics.app_id)
+                if all(ends[tp] == 0 or (tp in committed and committed[tp].offset >= ends[tp]) for tp in tps):
+                    return True
+                if time.monotonic() > deadline:
+                    return False
+                await asyncio.sleep(0.2)
+        finally:
+            await c.stop()
+            await admin.close()
+
+    return asyncio.run(run())
+
+
+def read_to_end(kafka, topics: list[str], timeout: float = 60.0) -> dict[str, list]:
+    """Committed records of ``topics`` from the beginning to their end offsets as of now (the
+    last stable offsets: read_committed)."""
+
+    async def run() -> dict[str, list]:
+        c = AIOKafkaConsumer(
+            **kafka.client_kwargs(),
+            group_id=None,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            enable_auto_commit=False,
+        )
+        admin = AIOKafkaAdminClient(**kafka.client_kwargs())
+        await admin.start()
+        try:  # every topic's partitions (a topic not created yet has none to read)
+            known = {t.get("topic", t.get("name")): t["partitions"] for t in await admin.describe_topics()}
+        finally:
+            await admin.close()
+        await c.start()
+        out: dict[str, list] = defaultdict(list)
+        try:
+            tps = [TopicPartition(t, p["partition"]) for t in topics for p in known.get(t, [])]
+            if not tps:
+                return out
+            c.assign(tps)
+            await c.seek_to_beginning(*tps)
+            ends = await c.end_offsets(tps)
+            deadline = time.monotonic() + timeout
+            while [tp for tp in tps if await c.position(tp) < ends[tp]]:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"could not read {topics} to their end offsets within {timeout}s")
+                for tp, msgs in (await c.getmany(timeout_ms=200)).items():
+                    out[tp.topic].extend(m for m in msgs if m.offset < ends[tp])
+        finally:
+            await c.stop()
+        return out
+
+    return asyncio.run(run())
+
+
+def wait_for_group(kafka, group: str, members: int, timeout: float = 60.0) -> None:
+    """Poll until consumer group ``group`` is stable with ``members`` members (every one of
+    them holds its assignment), or fail after ``timeout``."""
+
+    async def run() -> tuple:
+        admin = AIOKafkaAdminClient(**kafka.client_kwargs())
+        await admin.start()
+        try:
+            deadline, state = time.monotonic() + timeout, None
+            while time.monotonic() < deadline:
+                [desc] = await admin.describe_consumer_groups([group])
+                _, _, state, _, _, found, *_ = desc.groups[0]
+                if state == "Stable" and len(found) == members:
+                    return True, state
+                await asyncio.sleep(0.2)
+            return False, state
+        finally:
+            await admin.close()
+
+    ok, state = asyncio.run(run())
+    assert ok, f"consumer group {group} not stable with {members} members within {timeout}s (state {state})"

@@ -11,15 +11,17 @@ from collections import defaultdict
 import numpy as np
 import pytest
 import xxhash
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from streamdedup.engine.dedup import Deduplicator
 from streamdedup.errors import RecordError
 from streamdedup.fingerprinting.pages import fingerprint
 from streamdedup.index.tables import TableDesign
-from streamdedup.pipeline.intake import Intake, Record, fetched_ms, id_hash
+from streamdedup.pipeline.intake import Intake, Record, fetched_ms, id_hash, parse
 from streamdedup.pipeline.pending import Pending
 from streamdedup.pipeline.routing import verdict_record
-from streamdedup.pipeline.shard import Shard, ShardPlan
+from streamdedup.pipeline.shard import Shard, ShardPlan, shard_step
 from streamdedup.pipeline.wire import ANSWERS, PROBES, Batch, decode, encode
 
 PLAN = ShardPlan(TableDesign.named("16"), partitions=5)
@@ -203,32 +205,250 @@ def test_id_hash_is_xxh3_64_of_the_utf8_id_and_stable():
 # ---------------------------------------------------------------- the pure pipeline
 
 
-def shard_step(shards: dict[int, Shard], probe_messages: dict[int, bytes]) -> dict[int, bytes]:
-    """What the shard agent does (streamdedup/stream/app.py: Worker.on_probes), without Kafka."""
-    replies: dict[int, list[Batch]] = defaultdict(list)
-    for s, value in probe_messages.items():
-        probes = decode([value], PROBES)
-        shard = shards.setdefault(s, Shard(PLAN))
-        ans = shard.probe_and_insert(
-            probes.group, probes.fps, probes.fetched, probes.id_hash, probes.ids(), probes.urls()
-        )
-        matched = ans.distance >= 0
-        answer = Batch.build(
-            group=probes.rows["group"],
-            fps=ans.fingerprint,
-            fetched=ans.fetched,
-            id_hash=ans.id_hash,
-            request=probes.rows["request"],
-            distance=ans.distance,
-            partition=probes.rows["partition"],
-            ids=[x if m else "" for x, m in zip(ans.ids, matched)],
-            urls=[x if m else "" for x, m in zip(ans.urls, matched)],
-            kind=ANSWERS,
-        )
-        dest = probes.rows["partition"]
-        for q in np.unique(dest).tolist():
-            replies[q].append(answer.select(dest == q))
-    return {q: encode(Batch.concat(parts), ANSWERS) for q, parts in replies.items()}
+class Pipeline:
+    """The worker's stages wired by in-memory queues instead of Kafka: input partitions read by
+    ``workers`` workers (each its own Pending), one queue of probe messages per shard partition,
+    one queue of answer messages per input partition, and the shards (durable: they survive a
+    worker's crash, as the changelog makes them).  Every stage is the production function:
+    :meth:`Intake.register`, :func:`shard_step`, :meth:`Pending.answer`.
+
+    ``fps``: fingerprints to use instead of the texts' (None: fingerprint the texts)."""
+
+    def __init__(self, records: dict[int, list[Record]], workers: int = 1, fps: dict | None = None) -> None:
+        self.records, self.fps = records, fps
+        self.owner = {p: p % workers for p in records}
+        self.pending = [Pending(PLAN.n_groups) for _ in range(workers)]
+        self.read_at = {p: 0 for p in records}  # next offset to read
+        self.committed = {p: 0 for p in records}
+        self.shards: dict[int, Shard] = {}
+        self.outbox: list[list[tuple[int, bytes]]] = [[] for _ in range(workers)]  # probes not sent yet
+        self.probes: dict[int, list[bytes]] = defaultdict(list)
+        self.answers: dict[int, list[bytes]] = defaultdict(list)
+        self.released: dict[int, list] = defaultdict(list)
+        self.stored: dict[int, list[tuple[int, int]]] = defaultdict(list)  # shard -> (id hash, fp) in order
+
+    def intake(self, partitions: list[int], n: int) -> None:
+        """One worker reads up to ``n`` records of each of ``partitions`` (all its own)."""
+        (w,) = {self.owner[p] for p in partitions}
+        batch = []
+        for p in partitions:
+            batch += self.records[p][self.read_at[p] : self.read_at[p] + n]
+            self.read_at[p] = min(len(self.records[p]), self.read_at[p] + n)
+        if not batch:
+            return
+        if self.fps is None:
+            intake = Intake.read(batch, self.pending[w], PLAN, MAX)
+        else:
+            parsed = parse(batch, MAX)
+            good = [self.fps[r.partition, r.offset] for r, e in zip(batch, parsed.errors) if e is None]
+            intake = Intake.register(parsed, np.array(good, dtype=np.uint64), [], self.pending[w], PLAN)
+        for s, probes in intake.probes.items():
+            self.outbox[w].append((s, encode(probes, PROBES)))
+        self.release(intake.partitions)
+
+    def send(self, w: int, s: int) -> None:
+        """Worker ``w``'s producer delivers its next probe message for shard partition ``s``:
+        in order within a partition, in any order across partitions (and workers)."""
+        i = next(i for i, (to, _) in enumerate(self.outbox[w]) if to == s)
+        self.probes[s].append(self.outbox[w].pop(i)[1])
+
+    def shard(self, s: int, n: int) -> None:
+        """The shard stage takes up to ``n`` messages of shard partition ``s``."""
+        values, self.probes[s] = self.probes[s][:n], self.probes[s][n:]
+        for v in values:  # the order this shard stores pages in: the rule's order
+            b = decode([v], PROBES)
+            self.stored[s] += list(zip(b.id_hash.tolist(), b.fps.tolist()))
+        step = shard_step(lambda s: self.shards.setdefault(s, Shard(PLAN)), [(s, v) for v in values])
+        for q, answers in step.answers.items():
+            self.answers[q].append(encode(answers, ANSWERS))
+
+    def answer(self, q: int, n: int) -> None:
+        values, self.answers[q] = self.answers[q][:n], self.answers[q][n:]
+        pending = self.pending[self.owner[q]]
+        touched = set()
+        for v in values:
+            touched |= pending.answer(decode([v], ANSWERS))
+        self.release(touched)
+
+    def release(self, partitions) -> None:
+        for p in sorted(partitions):
+            pending = self.pending[self.owner[p]]
+            ready = pending.ready(p)
+            pending.release(p, ready)
+            self.released[p] += ready
+            if ready:
+                self.committed[p] = ready[-1].offset + 1
+
+    def crash(self, w: int) -> None:
+        """Worker ``w`` dies: what it held is lost, it reads again from the committed offsets;
+        the probes and answers it sent are still in their topics."""
+        self.pending[w] = Pending(PLAN.n_groups)
+        self.outbox[w] = []  # not sent yet: lost
+        for p, owner in self.owner.items():
+            if owner == w:
+                self.read_at[p] = self.committed[p]
+
+    def busy(self) -> bool:
+        return any(self.outbox) or any(self.probes.values()) or any(self.answers.values())
+
+    def run(self, rng: random.Random, crashes: int = 0, batch: int = 4) -> None:
+        """A random interleaving of every stage until every record is released."""
+        while any(self.committed[p] < len(r) for p, r in self.records.items()):
+            moves = [("intake", p) for p in self.records if self.read_at[p] < len(self.records[p])]
+            moves += [("send", (w, s)) for w, out in enumerate(self.outbox) for s in {s for s, _ in out}]
+            moves += [("shard", s) for s, q in self.probes.items() if q]
+            moves += [("answer", q) for q, a in self.answers.items() if a]
+            if crashes and rng.random() < 0.03:
+                crashes -= 1
+                self.crash(rng.randrange(len(self.pending)))
+                continue
+            kind, x = rng.choice(moves)
+            if kind == "intake":
+                mine = [p for p in self.records if self.owner[p] == self.owner[x] and rng.random() < 0.5]
+                self.intake(sorted({x, *mine}), rng.randint(1, batch))
+            elif kind == "send":
+                self.send(*x)
+            elif kind == "shard":
+                self.shard(x, rng.randint(1, 3))
+            else:
+                self.answer(x, rng.randint(1, 3))
+
+    def run_in_order(self, batch: int) -> None:
+        """Each batch judged before the next is read: the shards store the pages in the order the
+        batches take them (worker by worker, partition by partition within a batch)."""
+        while self.busy() or any(self.read_at[p] < len(r) for p, r in self.records.items()):
+            for w in range(len(self.pending)):
+                self.intake(sorted(p for p in self.records if self.owner[p] == w), batch)
+            while self.busy():
+                for w, out in enumerate(self.outbox):
+                    for s, _ in list(out):
+                        self.send(w, s)
+                for s in list(self.probes):
+                    self.shard(s, len(self.probes[s]))
+                for q in list(self.answers):
+                    self.answer(q, len(self.answers[q]))
+
+    def verdicts(self) -> dict[tuple[int, int], dict]:
+        """(partition, offset) -> the released verdict record (without where it was read)."""
+        out = {}
+        for p, done in self.released.items():
+            assert [w.offset for w in done] == list(range(len(self.records[p])))  # each record once, in order
+            for w in done:
+                if w.reason is None:
+                    out[p, w.offset] = {k: v for k, v in verdict_record(w).items() if k not in ("partition", "offset")}
+        return out
+
+
+def rule(pipeline: Pipeline, fps: dict, ids: dict, k: int = 3) -> dict[tuple[int, int], tuple]:
+    """The order rule, pair by pair, on the order each shard partition stored the pages in:
+    (partition, offset) -> (verdict, match id, distance)."""
+    masks = [sum(1 << b for b in bits) for bits, _ in PLAN.design.groups()]
+    pos = {}
+    for s, order in pipeline.stored.items():
+        first: dict = {}
+        for n, key in enumerate(order):
+            first.setdefault(key, n)
+        pos[s] = first
+    keys = {r: (id_hash(ids[r]), int(fps[r])) for r in fps}
+    out = {}
+    for r, (h, f) in keys.items():
+        best = None
+        for c, (hc, fc) in keys.items():
+            x = f ^ fc
+            if hc == h or x.bit_count() > k:
+                continue
+            g = next(g for g, m in enumerate(masks) if x & m == 0)
+            s = int(PLAN.probes(np.array([f], dtype=np.uint64))[0, g])
+            if pos[s][hc, fc] < pos[s][h, f]:
+                cand = (x.bit_count(), g, pos[s][hc, fc], ids[c])
+                best = cand if best is None or cand < best else best
+        out[r] = ("unique", None, None) if best is None else ("near_duplicate", best[3], best[0])
+    return out
+
+
+def planted(rng: random.Random, n_pairs: int, partitions: int):
+    """Isolated near-duplicate pairs (0..3 bits apart, in any blocks), a few triples, unchanged
+    re-fetches and changed ones; spread over input partitions at random, with random fetch times."""
+    pages: list[tuple[str, int]] = []  # (id, fingerprint)
+    pairs = []
+    for i in range(n_pairs):
+        a = rng.getrandbits(64)
+        b = a
+        for bit in rng.sample(range(64), rng.randint(0, 3)):
+            b ^= 1 << bit
+        pairs.append((f"a{i}", f"b{i}"))
+        pages += [(f"a{i}", a), (f"b{i}", b)]
+    for i in range(3):  # triples: every pair of the three within 3 bits
+        c = rng.getrandbits(64)
+        pages += [(f"t{i}x", c), (f"t{i}y", c ^ 1 << rng.randrange(64)), (f"t{i}z", c ^ 1 << rng.randrange(64))]
+    for i in range(4):  # re-fetches: the same id again, with its content unchanged or changed
+        page_id, fp = pages[rng.randrange(2 * n_pairs)]
+        pages.append((page_id, fp if i % 2 else fp ^ 1 << rng.randrange(64)))
+    rng.shuffle(pages)
+    records: dict[int, list[Record]] = {p: [] for p in range(partitions)}
+    fps, ids = {}, {}
+    for page_id, fp in pages:
+        p = rng.randrange(partitions)
+        value = {"id": page_id, "url": page_id, "content": "x", "fetched_at": f"2024-05-{rng.randint(1, 28):02d}"}
+        records[p].append(rec(p, len(records[p]), value))
+        fps[p, len(records[p]) - 1], ids[p, len(records[p]) - 1] = fp, page_id
+    return records, fps, ids, pairs
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**32),
+    partitions=st.sampled_from([1, 2, 3, 4]),
+    workers=st.sampled_from([1, 2, 3]),
+    crashes=st.sampled_from([0, 0, 2]),
+)
+def test_of_every_near_pair_exactly_one_page_is_flagged_in_any_interleaving(seed, partitions, workers, crashes):
+    """Random arrival orders and interleavings of intake, shards and answers across partitions
+    and workers, with crashes (a worker's pages read again and replayed into the shards): every
+    record gets one verdict, the verdicts follow the rule on the order each shard stored pages
+    in, and of every isolated pair exactly one page is flagged, with the other as its match."""
+    rng = random.Random(seed)
+    records, fps, ids = planted(rng, 12, partitions)[:3]
+    pairs = planted(random.Random(seed), 12, partitions)[3]
+    pipeline = Pipeline(records, min(workers, partitions), fps)
+    pipeline.run(rng, crashes)
+    got = pipeline.verdicts()
+    assert {r: (v["verdict"], v["match_id"], v["distance"]) for r, v in got.items()} == rule(pipeline, fps, ids)
+    flagged: dict[str, list] = defaultdict(list)
+    for r, v in got.items():
+        flagged[ids[r]].append(v)
+    for a, b in pairs:
+        if len(flagged[a]) == len(flagged[b]) == 1:  # not re-fetched: an isolated pair
+            near = [v for v in flagged[a] + flagged[b] if v["verdict"] == "near_duplicate"]
+            assert len(near) == 1 and {near[0]["id"], near[0]["match_id"]} == {a, b}
+
+
+def test_a_page_replayed_after_its_pair_keeps_its_first_position():
+    """A stored, then its worker crashes before A's verdict is committed; B (2 bits from A)
+    arrives and is flagged against A; A, read again, is judged where it was first stored."""
+    a, b = 0x0123_4567_89AB_CDEF, 0x0123_4567_89AB_CDEF ^ 0b11
+    records = {
+        0: [rec(0, 0, {"id": "A", "url": "A", "content": "x"})],
+        1: [rec(1, 0, {"id": "B", "url": "B", "content": "x"})],
+    }
+    fps = {(0, 0): a, (1, 0): b}
+    pipeline = Pipeline(records, workers=2, fps=fps)
+    pipeline.intake([0], 1)
+    for s, _ in list(pipeline.outbox[0]):
+        pipeline.send(0, s)
+    for s in list(pipeline.probes):
+        pipeline.shard(s, 9)  # A stored in every shard, its answers wait in the answers queue
+    pipeline.crash(0)  # ... for a worker that is gone: never released
+    pipeline.intake([1], 1)
+    for s, _ in list(pipeline.outbox[1]):
+        pipeline.send(1, s)
+    for s in list(pipeline.probes):
+        pipeline.shard(s, 9)  # B stored after A: it finds A
+    pipeline.run_in_order(1)  # A read again and replayed; B's answers in
+    got = pipeline.verdicts()
+    assert (got[1, 0]["verdict"], got[1, 0]["match_id"]) == ("near_duplicate", "A")
+    assert got[0, 0]["verdict"] == "unique"
+    assert sum(len(s) for s in pipeline.shards.values()) == 2 * PLAN.n_groups  # the replay stored nothing
 
 
 def corpus(n: int, seed: int = 7) -> list[tuple[str, str]]:
@@ -250,50 +470,47 @@ def corpus(n: int, seed: int = 7) -> list[tuple[str, str]]:
     return out
 
 
-def test_the_pipeline_gives_the_embedded_engines_verdicts():
-    pages = corpus(60)
-    input_partitions, batch = 3, 9
-    records, offsets = [], defaultdict(int)
-    for i, (page_id, text) in enumerate(pages):
-        p = i % input_partitions
-        value = {
-            "id": page_id,
-            "url": page_id,
-            "content": text,
-            "content_type": "text/plain",
-            "fetched_at": f"2024-05-01T12:{i // 60:02d}:{i % 60:02d}Z",
-        }
-        records.append(rec(p, offsets[p], value))
-        offsets[p] += 1
+CORPUS = corpus(60)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**32),
+    input_partitions=st.sampled_from([1, 3]),
+    batch=st.sampled_from([1, 4, 9, 60]),
+    fetch_order=st.sampled_from(["in order", "reversed", "random"]),
+)
+def test_the_pipeline_gives_the_embedded_engines_verdicts_on_the_same_arrival_order(
+    seed, input_partitions, batch, fetch_order
+):
+    """Pages in a random arrival order, with fetch times in order, reversed or shuffled (they
+    decide nothing), and bad records now and then: the verdicts are the Deduplicator's on the
+    order the pipeline stored them in (one worker, each batch judged before the next)."""
+    rng = random.Random(seed)
+    pages = list(CORPUS)
+    rng.shuffle(pages)
+    times = list(range(len(pages)))
+    if fetch_order == "reversed":
+        times.reverse()
+    elif fetch_order == "random":
+        rng.shuffle(times)
+    records: dict[int, list[Record]] = {p: [] for p in range(input_partitions)}
+    placed = []
+    for i, ((page_id, text), t) in enumerate(zip(pages, times)):
+        p = rng.randrange(input_partitions)
+        value = {"id": page_id, "url": page_id, "content": text, "content_type": "text/plain"}
+        value["fetched_at"] = f"2024-05-01T12:{t // 60:02d}:{t % 60:02d}Z"
+        placed.append((p, len(records[p])))
+        records[p].append(rec(p, len(records[p]), value))
         if i % 13 == 5:  # a bad record now and then, released in its place
-            records.append(rec(p, offsets[p], b"not json"))
-            offsets[p] += 1
-
-    pending, shards = Pending(PLAN.n_groups), {}
-    released: dict[int, list] = defaultdict(list)
-    for start in range(0, len(records), batch):
-        intake = Intake.read(records[start : start + batch], pending, PLAN, MAX)
-        answers = shard_step(shards, {s: encode(b, PROBES) for s, b in intake.probes.items()})
-        touched = set(intake.partitions)
-        for value in answers.values():
-            touched |= pending.answer(decode([value], ANSWERS))
-        for p in sorted(touched):
-            ready = pending.ready(p)
-            pending.release(p, ready)
-            released[p] += ready
-    assert len(pending) == 0
-
-    expected = [
-        v.to_dict()
-        for v in Deduplicator("simhash").process([i for i, _ in pages], [i for i, _ in pages], [t for _, t in pages])
-    ]
-    assert {v["verdict"] for v in expected} == {"unique", "near_duplicate"}
-    assert any(v["distance"] for v in expected)  # not only exact copies
-    for p, done in released.items():
-        assert [w.offset for w in done] == list(range(offsets[p]))  # every record, in offset order
-        got = [
-            {k: v for k, v in verdict_record(w).items() if k not in ("partition", "offset")}
-            for w in done
-            if w.reason is None
-        ]
-        assert got == expected[p::input_partitions]
+            records[p].append(rec(p, len(records[p]), b"not json"))
+    pipeline = Pipeline(records)
+    pipeline.run_in_order(batch)
+    got = pipeline.verdicts()
+    # the arrival order: batch by batch, each batch partition by partition, in offset order
+    arrival = sorted(range(len(pages)), key=lambda i: (placed[i][1] // batch, placed[i][0], placed[i][1]))
+    expected = Deduplicator("simhash").process(
+        [pages[i][0] for i in arrival], [pages[i][0] for i in arrival], [pages[i][1] for i in arrival]
+    )
+    assert {v.verdict for v in expected} == {"unique", "near_duplicate"}
+    assert {placed[i]: v.to_dict() for i, v in zip(arrival, expected)} == got

@@ -78,29 +78,37 @@ def test_a_dead_letter_at_the_head_is_ready_at_once():
     assert [(w.offset, w.reason, w.error) for w in p.ready(3)] == [(0, "too_large", "a sentence")]
 
 
-def test_the_best_answer_is_the_nearest_then_the_earliest():
+def test_the_best_answer_is_the_nearest_then_the_lowest_group():
     p = Pending(n_groups=4)
     r = page(p, 0, 0)
-    # match = (fetched, id hash, fingerprint, id, url)
+    # match = (fetched, id hash, fingerprint, id, url); fetch times and id hashes do not order matches
     p.answer_one(r, 0, 3, (1, 1, 0xA, "far", "u-far"))
-    p.answer_one(r, 1, 2, (50, 9, 0xB, "near-late", "u1"))
-    p.answer_one(r, 2, 2, (40, 9, 0xC, "near-early", "u2"))
-    p.answer_one(r, 3, 2, (40, 8, 0xD, "near-early-small-hash", "u3"))
+    p.answer_one(r, 3, 2, (10, 1, 0xD, "near-group-3", "u3"))
+    p.answer_one(r, 2, 2, (90, 9, 0xC, "near-group-2", "u2"))
+    p.answer_one(r, 1, 2, (50, 9, 0xB, "near-group-1", "u1"))
     [w] = p.ready(0)
     assert w.verdict == "near_duplicate"
-    assert w.best == (2, 40, 8, 0xD, "near-early-small-hash", "u3")
+    assert (w.best, w.best_group) == ((2, 50, 9, 0xB, "near-group-1", "u1"), 1)
 
 
 def test_the_best_answer_does_not_depend_on_arrival_order():
     answers = [(0, 1, (7, 1, 1, "a", "ua")), (1, 1, (7, 0, 2, "b", "ub")), (2, -1, None), (3, 0, (9, 5, 3, "c", "uc"))]
     bests = set()
-    for order in (answers, answers[::-1], answers[1:] + answers[:1]):
+    for order in (answers, answers[::-1], answers[1:] + answers[:1], answers[2:] + answers[:2]):
         p = Pending(n_groups=4)
         r = page(p, 0, 0)
         for g, d, m in order:
             p.answer_one(r, g, d, m)
         bests.add(p.ready(0)[0].best)
     assert bests == {(0, 9, 5, 3, "c", "uc")}
+    ties = set()
+    for order in (answers[:2], answers[1::-1]):  # equally near: the lower group's match, in any order
+        p = Pending(n_groups=2)
+        r = page(p, 0, 0)
+        for g, d, m in order:
+            p.answer_one(r, g, d, m)
+        ties.add(p.ready(0)[0].best)
+    assert ties == {(1, 7, 1, 1, "a", "ua")}
 
 
 def test_no_match_in_any_group_is_unique():
@@ -245,8 +253,8 @@ def test_any_interleaving_releases_each_partition_in_offset_order_exactly_once(r
                     d = data.draw(st.integers(-1, 3))
                     m = (data.draw(st.integers(0, 3)), data.draw(st.integers(0, 3)), g, "m", "u") if d >= 0 else None
                     to_answer.append((i, g, d, m))
-                    if m and (best[i] is None or (d, *m)[:3] < best[i][:3]):
-                        best[i] = (d, *m)
+                    if m and (best[i] is None or (d, g) < best[i][:2]):
+                        best[i] = (d, g, *m)
                 if data.draw(st.booleans()):
                     to_answer.append(to_answer[-1])  # the same group answered twice
         else:
@@ -262,7 +270,9 @@ def test_any_interleaving_releases_each_partition_in_offset_order_exactly_once(r
             for w in ready:
                 i = record_at[(part, w.offset)]
                 assert answered[i] == set(range(n_groups)), "released before all its answers were in"
-                assert (w.best or ())[:3] == (best[i] or ())[:3], "not the nearest, then earliest answer"
+                assert (w.best, w.best_group) == ((best[i][0], *best[i][2:]), best[i][1]) if best[i] else (None, -1), (
+                    "not the nearest, then lowest group answer"
+                )
                 released[part].append(w.offset)
 
     for part, got in released.items():

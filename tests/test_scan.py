@@ -172,3 +172,19 @@ def test_progress_bar_when_asked(tmp_path):
         text=True,
     )
     assert proc.returncode == 0 and "6 pages" in proc.stderr
+
+
+@pytest.mark.parametrize("algorithm", ["simhash", "minhash", "combined"])
+def test_an_unchanged_refetch_keeps_the_place_of_its_first_fetch(algorithm):
+    """a, then b (a copy of a), then a again unchanged: a is judged where it was first stored,
+    before b, so only b is flagged (as the worker judges a replay); a changed re-fetch is new."""
+    from streamdedup.engine.dedup import Deduplicator
+
+    text, other = " ".join(article(1).split()[:300]), " ".join(article(2).split()[:300])
+    d = Deduplicator(algorithm)
+    got = d.process(["a", "b", "a"], ["ua", "ub", "ua"], [text, text, text])
+    assert [(v.verdict, v.match_id) for v in got] == [("unique", None), ("near_duplicate", "a"), ("unique", None)]
+    # in later batches too, and a re-fetch with other content is judged at its own place
+    got = d.process(["a", "a"], ["ua", "ua"], [text, other])
+    assert [(v.verdict, v.match_id) for v in got] == [("unique", None), ("unique", None)]
+    assert [(v.verdict, v.match_id) for v in d.process(["c"], ["uc"], [other])] == [("near_duplicate", "a")]

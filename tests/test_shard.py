@@ -12,21 +12,23 @@ from streamdedup.pipeline.shard import Shard, ShardPlan, StringHeap
 
 
 def pages(seed: int, n: int):
-    """Fingerprints in clusters (neighbours at 0..5 bits), fetch times with ties, some re-fetched ids."""
+    """Fingerprints in clusters (neighbours at 0..5 bits), fetch times, some re-fetched ids (with
+    the same fingerprint: a replay of the same content, or another)."""
     rng = np.random.default_rng(seed)
     centres = rng.integers(0, 2**64 - 1, size=max(1, n // 6), dtype=np.uint64, endpoint=True)
     fps = centres[rng.integers(0, len(centres), size=n)]
     for i in range(n):
         for b in rng.choice(64, size=rng.integers(0, 6), replace=False):
             fps[i] ^= np.uint64(1) << np.uint64(b)
-    fetched = np.sort(rng.integers(0, n // 2 + 1, size=n)).astype(np.int64)  # arrival in fetch order
+    fetched = rng.integers(0, n // 2 + 1, size=n).astype(np.int64)  # not in arrival order: it decides nothing
     ids = [f"p{i}" for i in range(n)]
-    for i in rng.choice(n, size=n // 10, replace=False):  # re-fetches of an earlier id
-        if i:
-            ids[i] = ids[rng.integers(0, i)]
+    for i in rng.choice(np.arange(1, n), size=n // 10, replace=False):  # re-fetches of an earlier id
+        j = int(rng.integers(0, i))
+        ids[i] = ids[j]
+        if rng.random() < 0.5:
+            fps[i] = fps[j]  # unchanged content: the same page again
     id_hash = np.array([hash_id(x) for x in ids], dtype=np.uint64)
-    arrival = np.lexsort((id_hash, fetched))  # pages arrive in order of (fetched, id hash)
-    return fps[arrival], fetched[arrival], id_hash[arrival], [ids[i] for i in arrival]
+    return fps, fetched, id_hash, ids
 
 
 def hash_id(x: str) -> int:
@@ -35,33 +37,53 @@ def hash_id(x: str) -> int:
     return xxhash.xxh3_64_intdigest(x.encode())
 
 
-def brute(fps, fetched, id_hash, ids, k):
-    """For each page: (distance, match id) of the nearest, then earliest, strictly earlier other page."""
+def group_bits(plan: ShardPlan) -> list[int]:
+    return [sum(1 << b for b in bits) for bits, _ in plan.design.groups()]
+
+
+def brute(plan: ShardPlan, fps, id_hash, ids, orders: list[list[int]], k: int = 3):
+    """The rule, pair by pair: for each page, (distance, match id) of the best page stored before
+    it in the store of the pair's canonical group, or None.
+
+    ``orders[s]``: the pages in the order shard partition s stored them; a page stands where its
+    (id, fingerprint) was first stored; the best is the nearest, then lowest group, then first stored."""
+    masks, dest = group_bits(plan), plan.probes(fps)
+    pos = []
+    for order in orders:
+        first: dict = {}
+        pos.append({i: first.setdefault((int(id_hash[i]), int(fps[i])), n) for n, i in enumerate(order)})
     out = []
     for i in range(len(fps)):
         best = None
         for j in range(len(fps)):
-            d = (int(fps[i]) ^ int(fps[j])).bit_count()
-            earlier = (fetched[j], id_hash[j]) < (fetched[i], id_hash[i])
-            if d <= k and earlier and id_hash[j] != id_hash[i]:
-                cand = (d, int(fetched[j]), int(id_hash[j]), ids[j])
-                best = cand if best is None or cand[:3] < best[:3] else best
+            x = int(fps[i]) ^ int(fps[j])
+            if x.bit_count() > k or id_hash[i] == id_hash[j]:
+                continue
+            g = next(g for g, m in enumerate(masks) if x & m == 0)
+            s = int(dest[i, g])
+            assert s == int(dest[j, g])  # both pages probe the canonical group's shard
+            if pos[s][j] < pos[s][i]:
+                cand = (x.bit_count(), g, pos[s][j], ids[j])
+                best = cand if best is None or cand < best else best
         out.append(None if best is None else (best[0], best[3]))
     return out
 
 
-def sharded(plan: ShardPlan, fps, fetched, id_hash, ids, batch: int):
-    """Feed the probes partition by partition, in arrival order, in batches; combine per page."""
+def sharded(plan: ShardPlan, fps, fetched, id_hash, ids, batch: int, orders: list[list[int]] | None = None):
+    """Feed each shard partition its probes in batches, in ``orders[s]`` (default: page order
+    everywhere); combine the groups' answers per page as Pending does (nearest, then lowest group)."""
     shards = [Shard(plan) for _ in range(plan.partitions)]
-    parts = plan.probes(fps)
+    dest = plan.probes(fps)
+    if orders is None:
+        orders = [list(range(len(fps)))] * plan.partitions
+    orders = [[i for i in order if (dest[i] == s).any()] for s, order in enumerate(orders)]
     best: list = [None] * len(fps)
-    for s in range(0, len(fps), batch):
-        pages_ = np.arange(s, min(s + batch, len(fps)))
-        for p, shard in enumerate(shards):
-            page_idx, group = np.nonzero(parts[pages_] == p)
-            page_idx = pages_[page_idx]
-            if not len(page_idx):
-                continue
+    for s, shard in enumerate(shards):
+        order = np.array(orders[s], dtype=np.int64)
+        for start in range(0, len(order), batch):
+            chunk = order[start : start + batch]
+            page_idx, group = np.nonzero(dest[chunk] == s)
+            page_idx = chunk[page_idx]
             ans = shard.probe_and_insert(
                 group,
                 fps[page_idx],
@@ -70,23 +92,49 @@ def sharded(plan: ShardPlan, fps, fetched, id_hash, ids, batch: int):
                 [ids[i] for i in page_idx],
                 [f"u/{ids[i]}" for i in page_idx],
             )
-            for j, i in enumerate(page_idx.tolist()):
+            for j, (i, g) in enumerate(zip(page_idx.tolist(), group.tolist())):
                 if ans.distance[j] < 0:
                     continue
                 assert ans.urls[j] == f"u/{ans.ids[j]}"
-                cand = (int(ans.distance[j]), int(ans.fetched[j]), int(ans.id_hash[j]), ans.ids[j])
-                best[i] = cand if best[i] is None or cand[:3] < best[i][:3] else best[i]
-    return [None if b is None else (b[0], b[3]) for b in best], shards
+                cand = (int(ans.distance[j]), g, ans.ids[j])
+                best[i] = cand if best[i] is None or cand < best[i] else best[i]
+    return [None if b is None else (b[0], b[2]) for b in best], shards, orders
 
 
 @pytest.mark.parametrize("design", ["16", "20", "10", "4"])
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), partitions=st.sampled_from([1, 2, 3, 8]), batch=st.sampled_from([1, 7, 50]))
-def test_sharded_answers_equal_the_global_answer(design, seed, partitions, batch):
+def test_sharded_answers_follow_the_rule_whatever_order_each_shard_sees(design, seed, partitions, batch):
     fps, fetched, id_hash, ids = pages(seed, 60)
     plan = ShardPlan(TableDesign.named(design), partitions)
-    got, _ = sharded(plan, fps, fetched, id_hash, ids, batch)
-    assert got == brute(fps, fetched, id_hash, ids, 3)
+    rng = np.random.default_rng(seed + 1)
+    orders = [rng.permutation(len(fps)).tolist() for _ in range(partitions)]  # each shard its own order
+    got, _, orders = sharded(plan, fps, fetched, id_hash, ids, batch, orders)
+    assert got == brute(plan, fps, id_hash, ids, orders)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), partitions=st.sampled_from([1, 2, 4]), batch=st.sampled_from([1, 5, 64]))
+def test_of_every_near_pair_exactly_one_page_finds_the_other(seed, partitions, batch):
+    """Isolated pairs (each page's only neighbour is its twin), any order per shard: one of the
+    two is flagged, with the other as its match, never both, never neither."""
+    rng = np.random.default_rng(seed)
+    n_pairs = 30
+    a = rng.integers(0, 2**64 - 1, size=n_pairs, dtype=np.uint64, endpoint=True)
+    b = a.copy()
+    for i in range(n_pairs):  # 0..3 bits apart, anywhere: canonical groups of every index
+        for bit in rng.choice(64, size=int(rng.integers(0, 4)), replace=False):
+            b[i] ^= np.uint64(1) << np.uint64(bit)
+    fps = np.concatenate((a, b))
+    ids = [f"a{i}" for i in range(n_pairs)] + [f"b{i}" for i in range(n_pairs)]
+    id_hash = np.array([hash_id(x) for x in ids], dtype=np.uint64)
+    plan = ShardPlan(TableDesign.named("16"), partitions)
+    orders = [rng.permutation(2 * n_pairs).tolist() for _ in range(partitions)]
+    got, _, _ = sharded(plan, fps, np.zeros(2 * n_pairs, np.int64), id_hash, ids, batch, orders)
+    for i in range(n_pairs):
+        flagged = [m for m in (got[i], got[n_pairs + i]) if m is not None]
+        assert len(flagged) == 1, (i, got[i], got[n_pairs + i])
+        assert flagged[0][1] in (ids[i], ids[n_pairs + i])
 
 
 def test_answers_do_not_depend_on_the_number_of_partitions():
@@ -96,15 +144,21 @@ def test_answers_do_not_depend_on_the_number_of_partitions():
     assert sum(a is not None for a in answers[0]) > 100  # the test data has plenty of matches
 
 
-def test_replays_are_idempotent_and_never_match_themselves():
+def test_a_replay_keeps_the_position_of_its_first_insert():
     fps, fetched, id_hash, ids = pages(5, 120)
     plan = ShardPlan(TableDesign.named("16"), 4)
-    first, shards = sharded(plan, fps, fetched, id_hash, ids, 30)
+    rng = np.random.default_rng(5)
+    orders = [rng.permutation(len(fps)).tolist() for _ in range(4)]
+    first, shards, orders = sharded(plan, fps, fetched, id_hash, ids, 30, orders)
     size = sum(len(s) for s in shards)
-    # replay everything into the same shards (a worker restarted from an older offset)
+    # replay everything into the same shards (a worker restarted from an older offset), in
+    # another order: each page is judged as at its first insert, never against later pages
     parts = plan.probes(fps)
+    again: list = [None] * len(fps)
     for p, shard in enumerate(shards):
         page_idx, group = np.nonzero(parts == p)
+        back = np.argsort(-page_idx, kind="stable")
+        page_idx, group = page_idx[back], group[back]
         ans = shard.probe_and_insert(
             group,
             fps[page_idx],
@@ -113,19 +167,46 @@ def test_replays_are_idempotent_and_never_match_themselves():
             [ids[i] for i in page_idx],
             [f"u/{ids[i]}" for i in page_idx],
         )
-        assert all(m is None or m != ids[i] for m, i in zip(ans.ids, page_idx.tolist()))
+        assert not ans.stored.any()
+        for j, (i, g) in enumerate(zip(page_idx.tolist(), group.tolist())):
+            assert ans.ids[j] != ids[i]  # never itself
+            if ans.distance[j] >= 0:
+                cand = (int(ans.distance[j]), g, ans.ids[j])
+                again[i] = cand if again[i] is None or cand < again[i] else again[i]
+    assert [None if b is None else (b[0], b[2]) for b in again] == first
     assert sum(len(s) for s in shards) == size
+    assert first == brute(plan, fps, id_hash, ids, orders)
 
 
-def test_a_later_page_arriving_first_is_not_matched_to_an_earlier_one():
+def test_a_page_fetched_later_but_stored_first_is_the_original():
+    """Issue 9: B fetched at 20, then A fetched at 10, 2 bits apart: A (stored second) is flagged."""
     plan = ShardPlan(TableDesign.named("16"), 1)
     shard = Shard(plan)
-    fp = np.array([12345], dtype=np.uint64)
     g = np.arange(4)
-    late = shard.probe_and_insert(g, np.repeat(fp, 4), np.full(4, 20), np.full(4, 2, np.uint64), ["b"] * 4, ["ub"] * 4)
-    early = shard.probe_and_insert(g, np.repeat(fp, 4), np.full(4, 10), np.full(4, 1, np.uint64), ["a"] * 4, ["ua"] * 4)
-    assert (late.distance == -1).all()  # nothing stored yet
-    assert (early.distance == -1).all()  # "b" is later than "a": never a's original
+    b_fp, a_fp = np.uint64(0xABCD_1234_5678_9EF0), np.uint64(0xABCD_1234_5678_9EF0 ^ 0b101)  # block 0 differs
+    late = shard.probe_and_insert(g, np.full(4, b_fp), np.full(4, 20), np.full(4, 2, np.uint64), ["b"] * 4, ["ub"] * 4)
+    early = shard.probe_and_insert(g, np.full(4, a_fp), np.full(4, 10), np.full(4, 1, np.uint64), ["a"] * 4, ["ua"] * 4)
+    assert (late.distance == -1).all()  # nothing stored before it
+    # groups 1..3 agree; group 1 is the pair's canonical group: only it answers
+    assert early.distance.tolist() == [-1, 2, -1, -1] and early.ids == [None, "b", None, None]
+
+
+def test_a_batch_finds_its_own_earlier_pages_and_a_repeated_page_once():
+    plan = ShardPlan(TableDesign.named("16"), 1)
+    shard = Shard(plan)
+    fp = np.uint64(0x1234_5678_9ABC_DEF0)
+    rows = [("x", fp), ("y", fp ^ np.uint64(1 << 40)), ("x", fp), ("z", fp)]  # x twice in one batch
+    ids = [r[0] for r in rows]
+    ans = shard.probe_and_insert(
+        np.zeros(4, np.int64),
+        np.array([r[1] for r in rows], dtype=np.uint64),
+        np.zeros(4, np.int64),
+        np.array([hash_id(x) for x in ids], dtype=np.uint64),
+        ids,
+        ids,
+    )
+    assert ans.ids == [None, "x", None, "x"]  # the second x stands where the first is: before y
+    assert ans.stored.tolist() == [True, True, False, True] and len(shard) == 3
 
 
 def test_plan_spreads_probes_and_rejects_bad_partitions():

@@ -1,15 +1,19 @@
 """In-order near-duplicate detection: each page against every earlier page, one batch at a time.
 
-This is the embedded engine behind ``streamdedup scan``.  Pages are numbered in arrival
-order; a page is a near-duplicate when an *earlier* page with a *different id* is close
-enough.  The same id arriving again is a re-fetch of the same page: it is compared with other
-pages only, never with its own earlier fetches (a page is never a duplicate of itself).
-Every page is stored, near-duplicates too, so chains of copies keep resolving to the first.
+This is the embedded engine behind ``streamdedup scan``.  Pages are stored in arrival
+order; a page is a near-duplicate when a page stored *before* it with a *different id* is
+close enough ("first stored wins", :mod:`streamdedup.engine.order`, the stream worker's rule).
+The same id arriving again is a re-fetch: it is compared with other pages only, never with
+its own fetches (a page is never a duplicate of itself), and a re-fetch with the same
+fingerprint keeps the position of the first fetch with it, so it is judged against the pages
+stored before that one (as a replay in the worker).  Every page is stored, near-duplicates
+too, so chains of copies keep resolving to the first.
 
 Algorithms:
 
 ``simhash``   a stored fingerprint within ``k`` bits (Manku's tables); the match is the
-              nearest, then the oldest.
+              nearest, then the one whose canonical group with the page is lowest, then the
+              first stored (the worker's tie-break).
 ``minhash``   LSH banding finds candidates; the match is the one with the highest estimated
               resemblance, if it reaches ``threshold``.
 ``combined``  Henzinger (2006): simhash candidates within ``k`` bits, kept only when their
@@ -29,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
+from streamdedup.engine.order import canonical_groups, group_masks
 from streamdedup.fingerprinting.pages import Fingerprints
 from streamdedup.fingerprinting.simhash import to_hex
 from streamdedup.index.arrays import GrowingArray
@@ -86,6 +91,7 @@ class Deduplicator:
             raise ValueError(f"threshold must be between 0 and 1 (exclusive), got {threshold}")
         self.algorithm, self.k, self.threshold, self.num_perm = algorithm, k, threshold, num_perm
         self._index = HammingIndex(k=k, design=design) if algorithm != "minhash" else None
+        self._masks = group_masks(self._index.design) if self._index is not None and algorithm == "simhash" else None
         if algorithm == "minhash":
             # Banding weighted against misses: candidates are verified by their estimate anyway.
             b, r = choose_bands(threshold, num_perm, fp_weight=0.1, fn_weight=0.9)
@@ -126,17 +132,29 @@ class Deduplicator:
         if self.algorithm == "minhash":
             self._lsh.add_many(rows.tolist(), fp.minhash)
             query, row, score = self._minhash_candidates(fp.minhash)
+            pos = self._positions(base, n, query, row)
         else:
             self._index.add_many(rows.tolist(), fp.simhash)
             found = self._index.search(fp.simhash)
             query, row = found.query, found.row
             score = -found.distance.astype(np.float64)
+            pos = self._positions(base, n, query, row)
             if self.algorithm == "combined":
                 self._sigs.extend(fp.minhash)
                 query, row, score = self._verify(query, row, fp.minhash)
-        return self._verdicts(base, query, row, score, fp.simhash)
+        return self._verdicts(base, query, row, score, fp.simhash, pos)
 
     # ------------------------------------------------------------------ internals
+    def _positions(self, base: int, n: int, query: np.ndarray, row: np.ndarray) -> np.ndarray:
+        """Each page's position in the order: its own row, or the first row stored with its id
+        and fingerprint (an unchanged re-fetch keeps the first fetch's place)."""
+        pos = np.arange(base, base + n, dtype=np.int64)
+        own = base + query
+        fps, id_hash = self._fps.view(), self._id_hash.view()
+        same = (id_hash[row] == id_hash[own]) & (fps[row] == fps[own])
+        np.minimum.at(pos, query[same], row[same])
+        return pos
+
     def _minhash_candidates(self, sigs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         found = self._lsh.search(sigs, min_resemblance=self.threshold)
         return found.query, found.row, found.resemblance
@@ -147,14 +165,19 @@ class Deduplicator:
         return query[keep], row[keep], resemblance[keep]
 
     def _verdicts(
-        self, base: int, query: np.ndarray, row: np.ndarray, score: np.ndarray, fps: np.ndarray
+        self, base: int, query: np.ndarray, row: np.ndarray, score: np.ndarray, fps: np.ndarray, pos: np.ndarray
     ) -> list[Verdict]:
         own = base + query
         id_hash = self._id_hash.view()
-        keep = (row < own) & (id_hash[row] != id_hash[own])
+        keep = (row < pos[query]) & (id_hash[row] != id_hash[own])
         query, row, score = query[keep], row[keep], score[keep]
-        # best = highest score (smallest distance / highest resemblance), then oldest row
-        order = np.lexsort((row, -score, query))
+        # best = highest score (smallest distance / highest resemblance), then (simhash) the
+        # lowest canonical group, then the first stored row: the stream worker's tie-break
+        if self._masks is not None:
+            group = canonical_groups(self._fps.view()[own[keep]] ^ self._fps.view()[row], self._masks)
+            order = np.lexsort((row, group, -score, query))
+        else:
+            order = np.lexsort((row, -score, query))
         query, row, score = query[order], row[order], score[order]
         first = np.ones(len(query), dtype=bool)
         first[1:] = query[1:] != query[:-1]

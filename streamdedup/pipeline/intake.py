@@ -6,8 +6,9 @@ in one batch, register them as waiting, and make their probes: one per table gro
 by the shard partition that owns the group's value (:class:`~streamdedup.pipeline.shard.ShardPlan`),
 so a batch costs one Kafka message per shard partition, not one per probe.
 
-The order key of a page is ``fetched_at`` from the record (ISO 8601, in milliseconds), else
-the record's Kafka timestamp; ties are broken by the hash of the page id.  No faust here.
+A probe carries the page's fetch time, ``fetched_at`` from the record (ISO 8601, in
+milliseconds), else the record's Kafka timestamp: stored and answered, but it decides no order
+(the first stored wins: :mod:`streamdedup.engine.order`).  No faust here.
 """
 
 from __future__ import annotations
@@ -205,5 +206,5 @@ def fetched_ms(value: str | None, fallback_ms: int | None) -> int:
 
 
 def id_hash(page_id: str) -> int:
-    """The 64-bit hash of a page id: the order tie-break and the "never itself" test."""
+    """The 64-bit hash of a page id: the "never itself" test and a replay's identity (with the fingerprint)."""
     return xxhash.xxh3_64_intdigest(page_id.encode("utf-8", "surrogatepass"))

@@ -1,7 +1,10 @@
 """Pages waiting for their shard answers, released per input partition in offset order.
 
-A page's probes go to up to ``n_groups`` shards; its verdict is the best of their answers
-(nearest, then earliest).  Offsets are committed per input partition, so a page is released
+A page's probes go to up to ``n_groups`` shards; each group's shard answers with its best
+match among the candidates whose canonical group it is (:mod:`streamdedup.engine.order`), so
+the candidates of different groups are different pages.  The verdict's match is the nearest
+of the answers, then the one from the lowest group: with the shard's "first stored" within a
+group, that is the rule's "nearest, then lowest canonical group, then first stored".  Offsets are committed per input partition, so a page is released
 only when it and every page before it in its partition are done: the committed offset never
 passes a page without a verdict.  Bad records are done as soon as they are added.
 
@@ -50,6 +53,7 @@ class Waiting:
     error: str | None = None
     missing: int = 0  # bitmask of groups not answered yet
     best: tuple | None = None  # (distance, fetched, id_hash, fingerprint, id, url) of the match
+    best_group: int = -1  # the group whose shard answered with the match (its canonical group)
     request: int | None = None
     on_done: object = None  # a check's callback, called with the record when its answers are in
 
@@ -178,7 +182,7 @@ class Pending:
             )
             return
         self._requests.pop(w.request, None)
-        w.reason, w.error, w.missing, w.best = reason, error, 0, None
+        w.reason, w.error, w.missing, w.best, w.best_group = reason, error, 0, None, -1
 
     def answer_one(self, request: int, group: int, distance: int, match: tuple | None = None) -> int | None:
         """Record one group's answer; returns the page's partition (None: unknown request)."""
@@ -187,9 +191,8 @@ class Pending:
             return None
         w.missing &= ~(1 << group)
         if distance >= 0 and match is not None:
-            cand = (distance, *match)
-            if w.best is None or cand[:3] < w.best[:3]:  # nearest, then earliest (fetched, id hash)
-                w.best = cand
+            if w.best is None or (distance, group) < (w.best[0], w.best_group):  # nearest, then lowest group
+                w.best, w.best_group = (distance, *match), group
         if w.done:
             del self._requests[request]
             if w.on_done is not None:

@@ -1,29 +1,30 @@
 """The index sharded across a consumer group: global answers from partitioned state.
 
-A page must be compared with every earlier page, whichever worker saw it.  Manku's design
-gives the sharding: two fingerprints within k bits agree on every bit of at least one
+A page must be compared with every page stored before it, whichever worker saw it.  Manku's
+design gives the sharding: two fingerprints within k bits agree on every bit of at least one
 *group* (for 4 x 4: one of the four 16-bit blocks), so a probe for each group, routed by the
 value of that group's bits, meets every near neighbour in some shard::
 
     page fingerprint F --> probe (group 0, F & mask0) --> partition mix64(...) % P --+
                        --> probe (group 1, F & mask1) --> ...                       |
                        --> ...                                                      v
-    shard (partition p): for each group, the group's tables only   probe, then insert
+    shard (partition p): for each group, the group's tables only   insert, then search
     answers (one per group) --> best of them --> the page's verdict
 
-A shard keeps one :class:`~streamdedup.index.hamming.HammingIndex` per group, over the group's tables,
-plus what an answer must tell about a stored page: its fingerprint, its order key, a hash of
-its id, and its id and URL (in a byte heap, not one Python object per page).
+A shard keeps one :class:`~streamdedup.index.hamming.HammingIndex` per group, over the group's
+tables, plus what an answer must tell about a stored page: its fingerprint, its fetch time
+(carried, not used for order), a hash of its id, and its id and URL (in a byte heap, not one
+Python object per page).  A group's rows are numbered in store order.
 
-Rules, the same in every shard so verdicts do not depend on the number of workers:
-
-* **Earlier** means a smaller order key ``(fetched_at, id hash)``: a page never matches a
-  later page, so of two near-duplicates only the later is flagged, whichever arrives first.
-* **Never itself**: a stored page with the same id hash is not a match (a re-fetch, or a
-  replay after a crash, does not find its own earlier insert).
-* **Idempotent inserts**: a page whose id and fingerprint are already stored in the shard is
-  not stored again, so replays do not grow the index.
-* The best match is the nearest, then the earliest.
+The rule (:mod:`streamdedup.engine.order`, the same in ``scan``): a page's answer in group g
+is the nearest, then first stored, page that (1) was stored in g's store before the page's
+position there, (2) has another id hash, and (3) has g as the pair's *canonical* group (the
+lowest group both agree on).  Both pages of a pair reach the canonical group's store, which
+stores them one after the other, so exactly one of the two finds the other.  A page's
+position is where it was first stored: a replay (same id hash and fingerprint) is not stored
+again and is never judged against pages stored after its first insert.  A batch is stored
+first and then searched (one search of the stored pages, one of a small index of the batch's
+new pages), so a page also finds the pages before it in its own batch, in linear time.
 
 This module imports nothing from faust or aiokafka; the stream layer moves its inputs and
 outputs through Kafka.
@@ -34,18 +35,20 @@ from __future__ import annotations
 import json
 import os
 import zipfile
+from collections import defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from streamdedup.engine.order import group_masks
 from streamdedup.fingerprinting.features import mix64
-from streamdedup.fingerprinting.simhash import hamming_many
 from streamdedup.index.arrays import GrowingArray
 from streamdedup.index.hamming import HammingIndex
 from streamdedup.index.tables import TableDesign
-from streamdedup.pipeline.wire import Batch
+from streamdedup.pipeline.wire import ANSWERS, CHECKS, PROBES, Batch, decode, kind_of
 
-__all__ = ["ShardPlan", "Shard", "Answers", "StringHeap"]
+__all__ = ["ShardPlan", "Shard", "Answers", "StringHeap", "ShardStep", "shard_step"]
 
 _PARTITION_SEED = np.uint64(0x5EED_5A4D)
 _GROUP_SPREAD = np.uint64(0x9E3779B97F4A7C15)
@@ -68,10 +71,8 @@ class ShardPlan:
     def __post_init__(self) -> None:
         if self.partitions < 1:
             raise ValueError(f"partitions must be >= 1, got {self.partitions}")
-        groups = self.design.groups()
-        masks = np.array([sum(1 << b for b in bits) for bits, _ in groups], dtype=np.uint64)
-        object.__setattr__(self, "masks", masks)
-        object.__setattr__(self, "tables", tuple(t for _, t in groups))
+        object.__setattr__(self, "masks", group_masks(self.design))
+        object.__setattr__(self, "tables", tuple(t for _, t in self.design.groups()))
 
     @property
     def n_groups(self) -> int:
@@ -139,7 +140,8 @@ class StringHeap:
 class Answers:
     """One shard's answers to a batch of probes, aligned with the probes.
 
-    ``row`` is -1 where nothing earlier is within k bits; otherwise the match's fields.
+    ``distance`` is -1 where the group has no match for the probe (module doc); otherwise the
+    match's fields.
     """
 
     distance: np.ndarray  # int64, -1 when no match
@@ -176,9 +178,10 @@ class Shard:
         urls: list[str],
         store: bool = True,
     ) -> Answers:
-        """Answer a batch of probes in order, then store the pages (see the module's rules).
+        """Store a batch of probes' pages in order, then answer each probe (the module's rule).
 
-        ``store=False``: only answer, against the stored pages (a synchronous check)."""
+        ``store=False``: only answer, against the stored pages (a check: its position is after
+        every stored page, or its first store if its id and fingerprint are stored)."""
         n = len(fps)
         out = Answers(
             np.full(n, -1, np.int64),
@@ -194,7 +197,7 @@ class Shard:
             sel = np.flatnonzero(group == g)
             store = self._groups.get(g)
             if store is None:
-                store = self._groups[g] = _GroupStore(self.plan.group_design(g))
+                store = self._groups[g] = self._new_group(g)
             store.probe_and_insert(
                 sel, fps[sel], fetched[sel], id_hash[sel], [ids[i] for i in sel], [urls[i] for i in sel], out, insert
             )
@@ -236,21 +239,90 @@ class Shard:
                 g, name = key[1:].split(".", 1)
                 groups.setdefault(int(g), {})[name] = value
         for g, state in groups.items():
-            shard._groups[g] = _GroupStore.from_state(state)
+            shard._groups[g] = _GroupStore.from_state(state, plan.masks[: g + 1])
         return shard, json.loads(str(arrays["meta"]))
+
+    def _new_group(self, g: int) -> _GroupStore:
+        return _GroupStore(self.plan.group_design(g), self.plan.masks[: g + 1])
 
     def restore(self, inserts: Batch) -> None:
         """Store decoded changelog rows as they are (recovery: no probing, no checks)."""
         for g in np.unique(inserts.group).tolist():
             store = self._groups.get(g)
             if store is None:
-                store = self._groups[g] = _GroupStore(self.plan.group_design(g))
+                store = self._groups[g] = self._new_group(g)
             store.load(inserts.select(inserts.group == g))
 
 
+@dataclass
+class ShardStep:
+    """What one step of the shard stage produced (the stream layer sends it through Kafka)."""
+
+    changelog: list[tuple[int, Batch]] = field(default_factory=list)  # (shard partition, pages it stored)
+    answers: dict[int, Batch] = field(default_factory=dict)  # input partition -> answers to send there
+    skipped: list[tuple[int, int]] = field(default_factory=list)  # (shard partition, messages not probes)
+    shards: set[int] = field(default_factory=set)  # shard partitions touched
+
+
+def shard_step(shard_of: Callable[[int], Shard], messages: Iterable[tuple[int, bytes]]) -> ShardStep:
+    """The shard stage on a run of probe messages: ``(shard partition, value)`` in arrival order.
+
+    Probes (stored) and checks (only answered) of a partition are handled per kind in arrival
+    order; the answers are grouped by the input partition that waits for them, and the stored
+    rows come back for the changelog (``request`` and ``partition`` zeroed).
+    """
+    by_partition: dict[tuple[int, int | None], list[bytes]] = defaultdict(list)
+    for s, value in messages:
+        by_partition[s, kind_of(value)].append(value)
+    out = ShardStep()
+    replies: dict[int, list[Batch]] = defaultdict(list)
+    for (s, kind), values in by_partition.items():
+        if kind not in (PROBES, CHECKS):
+            out.skipped.append((s, len(values)))
+            continue
+        out.shards.add(s)
+        probes = decode(values, kind)
+        ans = shard_of(s).probe_and_insert(
+            probes.group,
+            probes.fps,
+            probes.fetched,
+            probes.id_hash,
+            probes.ids(),
+            probes.urls(),
+            store=kind == PROBES,
+        )
+        if ans.stored.any():
+            stored = probes.select(ans.stored)
+            stored.rows["request"], stored.rows["partition"] = 0, 0
+            out.changelog.append((s, stored))
+        matched = ans.distance >= 0
+        answer = Batch.build(
+            group=probes.rows["group"],
+            fps=ans.fingerprint,
+            fetched=ans.fetched,
+            id_hash=ans.id_hash,
+            request=probes.rows["request"],
+            distance=ans.distance,
+            partition=probes.rows["partition"],
+            ids=[x if m else "" for x, m in zip(ans.ids, matched)],
+            urls=[x if m else "" for x, m in zip(ans.urls, matched)],
+            kind=ANSWERS,
+        )
+        dest = probes.rows["partition"]
+        for q in np.unique(dest).tolist():
+            replies[q].append(answer.select(dest == q))
+    out.answers = {q: Batch.concat(parts) for q, parts in replies.items()}
+    return out
+
+
 class _GroupStore:
-    def __init__(self, design: TableDesign) -> None:
+    """One group's tables in one shard, and what an answer tells of each stored page.
+
+    Rows are numbered in store order, which is this group's order of the rule (module doc)."""
+
+    def __init__(self, design: TableDesign, masks: np.ndarray) -> None:
         self.index = HammingIndex(k=design.k, design=design)
+        self.mask, self.earlier = masks[-1], masks[:-1]  # this group's bits, those of the groups before it
         self.fps, self.fetched, self.id_hash = GrowingArray(np.uint64), GrowingArray(np.int64), GrowingArray(np.uint64)
         self.texts = StringHeap()  # id of row r at 2r ("" when it is the url), its url at 2r + 1
 
@@ -260,46 +332,59 @@ class _GroupStore:
         return self.index.nbytes + sum(c.nbytes for c in cols) + self.texts.nbytes
 
     def probe_and_insert(self, sel, fps, fetched, id_hash, ids, urls, out: Answers, insert: bool = True) -> None:
-        found = self.index.search(fps)  # rows stored before this batch
+        """Store the batch's new pages, then answer every probe (linear: no batch x batch matrix)."""
+        n, start = len(fps), len(self.fps)
+        found = self.index.search(fps)  # the pages stored before this batch, within k
         q, row, dist = found.query, found.row, found.distance
-        # pages of this batch count too (when they are stored): compare the batch with itself
-        bq, br = np.nonzero(_pairwise_within(fps, self.index.k)) if insert else (q[:0], q[:0])
-        q = np.concatenate((q, bq))
-        dist = np.concatenate((dist, _popcount(fps[bq] ^ fps[br])))
-        row_fetched = np.concatenate((self.fetched.view()[row], fetched[br]))
-        row_hash = np.concatenate((self.id_hash.view()[row], id_hash[br]))
-        row_fp = np.concatenate((self.fps.view()[row], fps[br]))
-        ref = np.concatenate((row, -1 - br))  # >= 0 stored row, < 0 batch position
-        # already stored: same id and same fingerprint (a replay) -> do not store again
-        dup = np.zeros(len(fps), dtype=bool)
-        dup[q[(ref >= 0) & (dist == 0) & (row_hash == id_hash[q])]] = True
-        earlier = (row_fetched < fetched[q]) | ((row_fetched == fetched[q]) & (row_hash < id_hash[q]))
-        keep = earlier & (row_hash != id_hash[q])
-        q, dist, row_fetched, row_hash, row_fp, ref = (a[keep] for a in (q, dist, row_fetched, row_hash, row_fp, ref))
-        order = np.lexsort((row_hash, row_fetched, dist, q))  # nearest, then earliest
-        first = order[np.r_[True, q[order][1:] != q[order][:-1]]] if len(order) else order
-        for i in first.tolist():
-            p = int(sel[q[i]])
-            out.distance[p], out.fingerprint[p] = dist[i], row_fp[i]
-            out.fetched[p], out.id_hash[p] = row_fetched[i], row_hash[i]
-            r = int(ref[i])
-            local = -1 - r
-            out.ids[p] = (self.texts[2 * r] or self.texts[2 * r + 1]) if r >= 0 else ids[local]
-            out.urls[p] = self.texts[2 * r + 1] if r >= 0 else urls[local]
-        if not insert:
-            return
-        # store the new pages once each (a page repeated inside the batch too)
-        first_in_batch = _first_occurrence(id_hash, fps)
-        new = np.flatnonzero(~dup & first_in_batch)
+        # Where each probe stands in this group's order: after every stored page, unless its id
+        # and fingerprint are stored already (a replay or an unchanged re-fetch), then at its first
+        # store (the smallest such row: rows are numbered in store order).
+        pos = np.full(n, start, dtype=np.int64)
+        same = (dist == 0) & (self.id_hash.view()[row] == id_hash[q])
+        np.minimum.at(pos, q[same], row[same])
+        new = np.zeros(n, dtype=bool)
+        if insert:
+            # the new pages, once each (a page repeated in the batch stands where its first copy is)
+            first, inverse = _first_occurrence(id_hash, fps)
+            new[first[pos[first] == start]] = True
+            new_idx = np.flatnonzero(new)
+            rank = np.full(n, -1, dtype=np.int64)
+            rank[new_idx] = np.arange(len(new_idx))
+            fresh = pos == start
+            pos[fresh] = start + rank[first[inverse[fresh]]]
+            if len(new_idx):
+                self.fps.extend(fps[new_idx])
+                self.fetched.extend(fetched[new_idx])
+                self.id_hash.extend(id_hash[new_idx])
+                # an id equal to its url (the default) is stored as "" (ids are never empty)
+                self.texts.extend([x for i in new_idx.tolist() for x in ("" if ids[i] == urls[i] else ids[i], urls[i])])
+                # the batch against its own new pages: a small index of them, searched once
+                mine = HammingIndex(k=self.index.k, design=self.index.design)
+                mine.add_many(range(len(new_idx)), fps[new_idx])
+                inner = mine.search(fps)
+                q = np.concatenate((q, inner.query))
+                row = np.concatenate((row, start + inner.row))
+                dist = np.concatenate((dist, inner.distance))
+                self.index.add_many(range(start, start + len(new_idx)), fps[new_idx])
         out.stored[sel[new]] = True
-        if len(new):
-            start = len(self.fps)
-            self.index.add_many(list(range(start, start + len(new))), fps[new])
-            self.fps.extend(fps[new])
-            self.fetched.extend(fetched[new])
-            self.id_hash.extend(id_hash[new])
-            # an id equal to its url (the default) is stored as "" (ids are never empty)
-            self.texts.extend([x for i in new.tolist() for x in ("" if ids[i] == urls[i] else ids[i], urls[i])])
+        row_fp, row_hash = self.fps.view()[row], self.id_hash.view()[row]
+        # the rule: stored before the probe's position, another id, and this is the pair's canonical group
+        keep = (row < pos[q]) & (row_hash != id_hash[q])
+        # (a table key may be cut short, so a hit need not agree on all of this group's bits)
+        x = fps[q] ^ row_fp
+        keep &= (x & self.mask) == 0
+        if len(self.earlier):
+            keep &= (x[:, None] & self.earlier[None, :] != 0).all(axis=1)
+        q, row, dist = q[keep], row[keep], dist[keep]
+        order = np.lexsort((row, dist, q))  # nearest, then first stored
+        q, row, dist = q[order], row[order], dist[order]
+        best = np.flatnonzero(np.r_[True, q[1:] != q[:-1]]) if len(q) else q
+        p, r = sel[q[best]], row[best]
+        out.distance[p], out.fingerprint[p] = dist[best], self.fps.view()[r]
+        out.fetched[p], out.id_hash[p] = self.fetched.view()[r], self.id_hash.view()[r]
+        for i, stored in zip(p.tolist(), r.tolist()):
+            out.ids[i] = self.texts[2 * stored] or self.texts[2 * stored + 1]
+            out.urls[i] = self.texts[2 * stored + 1]
 
     def state(self) -> dict[str, np.ndarray]:
         out = {f"index.{k}": v for k, v in self.index.state().items()}
@@ -315,8 +400,9 @@ class _GroupStore:
         return out
 
     @classmethod
-    def from_state(cls, state: dict[str, np.ndarray]) -> _GroupStore:
+    def from_state(cls, state: dict[str, np.ndarray], masks: np.ndarray) -> _GroupStore:
         store = cls.__new__(cls)
+        store.mask, store.earlier = masks[-1], masks[:-1]
         store.index = HammingIndex.from_state({k[6:]: v for k, v in state.items() if k.startswith("index.")})
         store.fps, store.fetched, store.id_hash = (
             GrowingArray(np.uint64),
@@ -340,21 +426,9 @@ class _GroupStore:
         self.texts.extend_raw(rec.strings, rec.lengths)
 
 
-def _popcount(x: np.ndarray) -> np.ndarray:
-    return hamming_many(np.uint64(0), x)
-
-
-def _pairwise_within(fps: np.ndarray, k: int) -> np.ndarray:
-    """Boolean (n, n) matrix: batch pages i, j within k bits, i != j."""
-    d = _popcount(fps[:, None] ^ fps[None, :])
-    np.fill_diagonal(d, k + 1)
-    return d <= k
-
-
-def _first_occurrence(id_hash: np.ndarray, fps: np.ndarray) -> np.ndarray:
-    """True for the first of the batch's probes with each (id hash, fingerprint)."""
+def _first_occurrence(id_hash: np.ndarray, fps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The batch position of the first probe with each (id hash, fingerprint), and for every
+    probe the index of its pair in that list."""
     pairs = np.stack((id_hash, fps), axis=1)
-    _, first = np.unique(pairs, axis=0, return_index=True)
-    mask = np.zeros(len(fps), dtype=bool)
-    mask[first] = True
-    return mask
+    _, first, inverse = np.unique(pairs, axis=0, return_index=True, return_inverse=True)
+    return first, inverse.ravel()

@@ -16,7 +16,6 @@ import asyncio
 import logging
 import struct
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,8 +27,8 @@ from streamdedup.index.hamming import HammingIndex
 from streamdedup.pipeline.intake import Intake, Record, fingerprint_contents, parse
 from streamdedup.pipeline.pending import Pending, Waiting
 from streamdedup.pipeline.routing import Topics
-from streamdedup.pipeline.shard import ShardPlan
-from streamdedup.pipeline.wire import ANSWERS, CHANGELOG, CHECKS, PROBES, Batch, decode, encode, kind_of
+from streamdedup.pipeline.shard import ShardPlan, shard_step
+from streamdedup.pipeline.wire import ANSWERS, CHANGELOG, PROBES, Batch, decode, encode
 from streamdedup.settings import Settings
 from streamdedup.stream.check import Checker
 from streamdedup.stream.connection import faust_broker_url, faust_credentials
@@ -397,64 +396,30 @@ class Worker:
 
     # ------------------------------------------------------------------ stage 2: shards
     async def on_probes(self, events: list) -> None:
-        by_partition: dict[tuple[int, int], list[bytes]] = defaultdict(list)
-        for e in events:  # probes and checks, by shard partition, in arrival order within each kind
-            by_partition[e.message.partition, kind_of(e.value)].append(e.value)
-        replies: dict[int, list[Batch]] = defaultdict(list)
+        step = shard_step(self.store.shard, [(e.message.partition, e.value) for e in events])
+        for s, n in step.skipped:
+            log.error("shard %d: skipping %d messages that are not probes", s, n)
         writes = []
-        for (s, kind), values in by_partition.items():
-            if kind not in (PROBES, CHECKS):
-                log.error("shard %d: skipping %d messages that are not probes", s, len(values))
-                continue
-            probes = decode(values, kind)
-            shard = self.store.shard(s)
-            ans = shard.probe_and_insert(
-                probes.group,
-                probes.fps,
-                probes.fetched,
-                probes.id_hash,
-                probes.ids(),
-                probes.urls(),
-                store=kind == PROBES,
-            )
-            if ans.stored.any():
-                stored = probes.select(ans.stored)
-                stored.rows["request"], stored.rows["partition"] = 0, 0
-                for chunk in _chunks(stored):
-                    self._seq += 1
-                    key = struct.pack("<I", s) + self._writer + struct.pack("<Q", self._seq)
-                    writes.append(
-                        (
-                            s,
-                            self.table.send_changelog(
-                                s, key, encode(chunk, CHANGELOG), key_serializer="raw", value_serializer="raw"
-                            ),
-                        )
+        for s, stored in step.changelog:
+            for chunk in _chunks(stored):
+                self._seq += 1
+                key = struct.pack("<I", s) + self._writer + struct.pack("<Q", self._seq)
+                writes.append(
+                    (
+                        s,
+                        self.table.send_changelog(
+                            s, key, encode(chunk, CHANGELOG), key_serializer="raw", value_serializer="raw"
+                        ),
                     )
-            matched = ans.distance >= 0
-            answer = Batch.build(
-                group=probes.rows["group"],
-                fps=ans.fingerprint,
-                fetched=ans.fetched,
-                id_hash=ans.id_hash,
-                request=probes.rows["request"],
-                distance=ans.distance,
-                partition=probes.rows["partition"],
-                ids=[x if m else "" for x, m in zip(ans.ids, matched)],
-                urls=[x if m else "" for x, m in zip(ans.urls, matched)],
-                kind=ANSWERS,
-            )
-            dest = probes.rows["partition"]
-            for q in np.unique(dest).tolist():
-                replies[q].append(answer.select(dest == q))
+                )
         for s, fut in writes:  # the shard's inserts are durable before anyone hears of them
             self.store.covered(s, (await fut).offset)
         sent = []
-        for q, parts in replies.items():
-            for chunk in _chunks(Batch.concat(parts)):
+        for q, answers in step.answers.items():
+            for chunk in _chunks(answers):
                 sent.append(await self.answers_topic.send(value=encode(chunk, ANSWERS), partition=q))
         await asyncio.gather(*sent)
-        for s in {s for s, _ in by_partition}:
+        for s in step.shards:
             if self.store.snapshot_due(s, self.settings.snapshot_interval):
                 self.store.snapshot(s)
 

@@ -14,15 +14,16 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
 import urllib.request
 
 import numpy as np
 import pytest
-from stream_harness import StreamTopics, WorkerProcess, page_record, produce, wait_for_verdicts
+from stream_harness import StreamTopics, WorkerProcess, page_record, produce, wait_for_group, wait_for_verdicts
 
 from streamdedup.engine.dedup import Deduplicator
 from streamdedup.engine.records import page_from_json, page_text
+from streamdedup.fingerprinting.simhash import to_hex
+from streamdedup.pipeline.intake import fingerprint_contents
 
 pytestmark = pytest.mark.kafka
 
@@ -151,8 +152,7 @@ def test_one_and_two_workers_give_the_same_verdicts(kafka, tmp_path):
             for w in workers:
                 w.start()
             if n_workers == 2:  # both hold partitions before the pages come
-                workers[0].wait_for_log("[^---Recovery]: Worker ready", 60)
-                time.sleep(1)
+                wait_for_group(kafka, topics.app_id, 2)
             out = run_waves(kafka, topics, waves)
         finally:
             for w in workers:
@@ -176,7 +176,7 @@ def test_sigkill_mid_stream_then_restart(kafka, tmp_path):
         assert n_verdicts(wait_for_verdicts(kafka, topics, len(first))) == len(first)
         # the rest in one go; kill the worker once some, not all, of it is judged
         produce(kafka, topics.pages, rest)
-        out = wait_for_verdicts(kafka, topics, len(first) + 20, timeout=60)
+        out = wait_for_verdicts(kafka, topics, len(first) + 20, timeout=60, to_end=False)
         worker.kill()
         judged_before = n_verdicts(out)
         assert len(first) < judged_before < len(first) + len(rest), "the kill did not land mid-stream"
@@ -344,7 +344,7 @@ def test_post_check_answers_against_stored_pages_without_storing(kafka, tmp_path
                 "id": "http://mirror.test/copy",
                 "url": "http://mirror.test/copy",
                 "verdict": "near_duplicate",
-                "fingerprint": _post(w.web_port, json.dumps(copy).encode())[1]["fingerprint"],
+                "fingerprint": to_hex(int(fingerprint_contents([(copy["content"], copy["content_type"], None)])[0][0])),
                 "match_id": wave[3]["url"],
                 "match_url": wave[3]["url"],
                 "distance": 0,

@@ -1,0 +1,131 @@
+"""The order rule against the real broker (issue 9): of every near-duplicate pair exactly one
+page is flagged, whatever the fetch times say and however the pair is split across partitions
+and workers; with one partition the arrival order is the partition's order, and the verdicts
+equal ``scan``'s (the embedded engine) on that order.
+
+Every check reads every output topic to its end offsets once the worker has committed every
+page (``wait_for_verdicts``), so a second or late verdict would be seen.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from stream_harness import StreamTopics, WorkerProcess, page_record, produce, wait_for_group, wait_for_verdicts
+
+from streamdedup.engine.dedup import Deduplicator
+from streamdedup.engine.records import page_from_json, page_text
+from streamdedup.pipeline.intake import fingerprint_contents
+
+pytestmark = pytest.mark.kafka
+
+VOCAB = [f"w{i}" for i in range(5000)]
+
+
+def planted(seed: int, n_pairs: int, n_alone: int) -> tuple[list[dict], list[tuple[str, str]]]:
+    """Pages with fetch times, newest first (the order they are produced in): ``n_pairs``
+    originals each with a variant (one word changed, or an exact copy under another URL) and
+    ``n_alone`` pages with no near-duplicate.  Returns the records and the pairs (url, url)
+    actually within 3 bits (fingerprinted as the worker does), checked to be isolated."""
+    rng = np.random.default_rng(seed)
+    pages = []
+    for i in range(n_pairs + n_alone):
+        words = [VOCAB[j] for j in rng.integers(0, len(VOCAB), 300)]
+        pages.append((f"http://site.test/p{i}", words))
+        if i < n_pairs:
+            variant = list(words)
+            if i % 2:
+                variant[int(rng.integers(0, len(variant)))] = "changed"
+            pages.append((f"http://mirror.test/p{i}", variant))
+    records = [
+        page_record(
+            url, f"<html><body><p>{' '.join(words)}</p></body></html>", f"2024-01-01T00:{i // 60:02d}:{i % 60:02d}Z"
+        )
+        for i, (url, words) in enumerate(pages)
+    ]
+    records.reverse()  # produced newest first: every pair arrives in reverse fetched_at order
+    fps, failed = fingerprint_contents([(r["content"], r["content_type"], None) for r in records])
+    assert not failed
+    near = [
+        (records[a]["url"], records[b]["url"])
+        for a in range(len(records))
+        for b in range(a + 1, len(records))
+        if (int(fps[a]) ^ int(fps[b])).bit_count() <= 3
+    ]
+    urls = [u for pair in near for u in pair]
+    assert len(urls) == len(set(urls)), "the planted pairs are not isolated"
+    assert len(near) >= n_pairs * 3 // 4  # most one-word edits stay within 3 bits; copies always do
+    return records, near
+
+
+def scan_verdicts(records: list[dict]) -> dict[str, tuple]:
+    pages = [page_from_json(json.dumps(r).encode()) for r in records]
+    got = Deduplicator("simhash", k=3).process(
+        [p.id for p in pages], [p.url for p in pages], [page_text(p) for p in pages]
+    )
+    return {v.id: (v.verdict, v.match_id, v.distance) for v in got}
+
+
+def judged_once(out: dict, records: list[dict]) -> dict[str, tuple]:
+    """Page id -> (verdict, match id, distance), checking one verdict per page and one output each."""
+    assert sorted(out["verdicts"]) == sorted(r["url"] for r in records), "a page has no verdict"
+    assert all(len(v) == 1 for v in out["verdicts"].values()), "a page got two verdicts"
+    assert len(out["unique"]) + len(out["near"]) == len(records)
+    return {k: (v[0]["verdict"], v[0]["match_id"], v[0]["distance"]) for k, v in out["verdicts"].items()}
+
+
+def exactly_one_of_each_pair(judged: dict[str, tuple], pairs: list[tuple[str, str]]) -> None:
+    paired = {u for pair in pairs for u in pair}
+    for a, b in pairs:
+        flagged = [(x, judged[x][1]) for x in (a, b) if judged[x][0] == "near_duplicate"]
+        assert len(flagged) == 1, f"pair {a} / {b}: {judged[a]} and {judged[b]}"
+        assert flagged[0] in ((a, b), (b, a))  # flagged against its twin
+    assert all(v[0] == "unique" for k, v in judged.items() if k not in paired)
+
+
+def test_a_wave_in_reverse_fetched_at_order_loses_no_pair_and_equals_scan(kafka, tmp_path):
+    """One partition: pairs arrive newer page first (a backfill, an older WARC produced after a
+    newer one).  The first stored wins: the older page, arriving second, is the one flagged."""
+    records, pairs = planted(seed=11, n_pairs=24, n_alone=12)
+    topics = StreamTopics.fresh(kafka, partitions=1)
+    with WorkerProcess(kafka, topics, tmp_path):
+        produce(kafka, topics.pages, records)
+        out = wait_for_verdicts(kafka, topics, len(records), timeout=120)
+    judged = judged_once(out, records)
+    exactly_one_of_each_pair(judged, pairs)
+    assert judged == scan_verdicts(records)
+    for a, b in pairs:  # produced newest first: the later fetch is the original
+        assert judged[a][0] == "unique" and judged[b][1] == a
+
+
+def split(records: list[dict], pairs: list[tuple[str, str]], n: int = 4) -> list[int]:
+    """A partition for each record: a pair's second page goes to the partition after its first's."""
+    other = {a: b for a, b in pairs} | {b: a for a, b in pairs}
+    slot = {r["url"]: i for i, r in enumerate(records)}
+    partitions: list[int] = []
+    for i, r in enumerate(records):
+        twin = other.get(r["url"])
+        partitions.append((partitions[slot[twin]] + 1) % n if twin is not None and slot[twin] < i else i % n)
+    return partitions
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_pairs_split_across_partitions_in_one_burst_flag_exactly_one_page(kafka, tmp_path, workers):
+    """4 partitions, each pair's pages in different partitions, everything produced in one burst
+    (the pages of a pair reach the shards at about the same instant, through different workers)."""
+    records, pairs = planted(seed=12 + workers, n_pairs=40, n_alone=20)
+    partitions = split(records, pairs)
+    topics = StreamTopics.fresh(kafka, partitions=4)
+    procs = [WorkerProcess(kafka, topics, tmp_path, name=f"w{i}") for i in range(workers)]
+    try:
+        for w in procs:
+            w.start(timeout=90)
+        wait_for_group(kafka, topics.app_id, workers, timeout=90)  # every worker holds partitions
+        produce(kafka, topics.pages, records, partitions=partitions)
+        out = wait_for_verdicts(kafka, topics, len(records), timeout=180)
+    finally:
+        for w in procs:
+            w.__exit__(None, None, None)
+    exactly_one_of_each_pair(judged_once(out, records), pairs)
