@@ -60,7 +60,7 @@ class Verdict:
     similarity: float | None = None  # estimated resemblance (minhash and combined)
 
     def to_dict(self) -> dict:
-        out = {
+        out: dict[str, object] = {
             "id": self.id,
             "url": self.url,
             "verdict": self.verdict,
@@ -95,7 +95,7 @@ class Deduplicator:
         if algorithm == "minhash":
             # Banding weighted against misses: candidates are verified by their estimate anyway.
             b, r = choose_bands(threshold, num_perm, fp_weight=0.1, fn_weight=0.9)
-            self._lsh = LSHIndex(threshold=threshold, num_perm=num_perm, b=b, r=r)
+            self._lsh: LSHIndex | None = LSHIndex(threshold=threshold, num_perm=num_perm, b=b, r=r)
         else:
             self._lsh = None
         self._sigs = GrowingArray(np.uint32, (num_perm,))  # combined: MinHash signatures by row
@@ -110,7 +110,8 @@ class Deduplicator:
     @property
     def nbytes(self) -> int:
         """Bytes in numpy arrays (index, fingerprints, signatures); ids and urls not counted."""
-        structure = self._index.nbytes if self._index is not None else self._lsh.nbytes
+        index = self._index if self._index is not None else self._lsh
+        structure = index.nbytes if index is not None else 0
         return structure + self._fps.nbytes + self._id_hash.nbytes + self._sigs.nbytes
 
     def process(self, ids: Sequence[str], urls: Sequence[str], texts: Sequence[str]) -> list[Verdict]:
@@ -130,10 +131,12 @@ class Deduplicator:
         # Store the batch first, then keep only matches on earlier rows: pages of one batch
         # are compared with the pages before them in the same batch too.
         if self.algorithm == "minhash":
+            assert self._lsh is not None  # built for minhash
             self._lsh.add_many(rows.tolist(), fp.minhash)
             query, row, score = self._minhash_candidates(fp.minhash)
             pos = self._positions(base, n, query, row)
         else:
+            assert self._index is not None  # built for simhash and combined
             self._index.add_many(rows.tolist(), fp.simhash)
             found = self._index.search(fp.simhash)
             query, row = found.query, found.row
@@ -156,6 +159,7 @@ class Deduplicator:
         return pos
 
     def _minhash_candidates(self, sigs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        assert self._lsh is not None  # built for minhash
         found = self._lsh.search(sigs, min_resemblance=self.threshold)
         return found.query, found.row, found.resemblance
 

@@ -55,7 +55,11 @@ class Parsed:
 
     def contents(self) -> list[tuple[str | bytes, str | None, str | None]]:
         """What :func:`fingerprint_contents` needs of the good pages (small to send to a process)."""
-        return [(p.content, p.content_type, p.charset) for p, e in zip(self.pages, self.errors) if e is None]
+        return [
+            (p.content, p.content_type, p.charset)
+            for p, e in zip(self.pages, self.errors)
+            if e is None and p is not None
+        ]
 
 
 def parse(records: Sequence[Record], max_bytes: int) -> Parsed:
@@ -147,6 +151,7 @@ class Intake:
                 )
                 continue
             out.pages += 1
+            assert page is not None and r.value is not None  # parsed without error
             req = pending.add_page(
                 r.partition,
                 r.offset,
@@ -162,7 +167,10 @@ class Intake:
                 rows.append((req, fetched, id_hash(page.id), r.partition, page.id, page.url))
                 row_fps.append(fp_of[i])
         if rows:
-            out.probes = probe_batches(plan, np.array(row_fps, dtype=np.uint64), *(list(c) for c in zip(*rows)))
+            requests, fetched_ms_, id_hashes, partitions, ids, urls = (list(c) for c in zip(*rows))
+            out.probes = probe_batches(
+                plan, np.array(row_fps, dtype=np.uint64), requests, fetched_ms_, id_hashes, partitions, ids, urls
+            )
         return out
 
 

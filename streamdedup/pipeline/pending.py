@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,7 +56,9 @@ class Waiting:
     best: tuple | None = None  # (distance, fetched, id_hash, fingerprint, id, url) of the match
     best_group: int = -1  # the group whose shard answered with the match (its canonical group)
     request: int | None = None
-    on_done: object = None  # a check's callback, called with the record when its answers are in
+    on_done: Callable[[Waiting], object] | None = (
+        None  # a check's callback, called with the record when its answers are in
+    )
 
     @property
     def done(self) -> bool:
@@ -175,13 +178,14 @@ class Pending:
         timestamp_ms: int | None = None,
     ) -> None:
         """Make a record a dead letter, whether or not it is waiting already (an internal error)."""
-        w = self._parts.get(partition, {}).get(offset)
+        w = self._parts.get(partition, OrderedDict()).get(offset)
         if w is None:
             self.add_bad(
                 partition, offset, reason, error, key=key, value=value, headers=headers, timestamp_ms=timestamp_ms
             )
             return
-        self._requests.pop(w.request, None)
+        if w.request is not None:
+            self._requests.pop(w.request, None)
         w.reason, w.error, w.missing, w.best, w.best_group = reason, error, 0, None, -1
 
     def answer_one(self, request: int, group: int, distance: int, match: tuple | None = None) -> int | None:
@@ -237,15 +241,16 @@ class Pending:
 
     def release(self, partition: int, records: list[Waiting]) -> None:
         """Forget records returned by :meth:`ready` once their outputs are committed."""
-        part = self._parts.get(partition, {})
+        part = self._parts.get(partition, OrderedDict())
         for w in records:
             part.pop(w.offset, None)
 
     def drop(self, partition: int) -> int:
         """Forget a partition (revoked: its records will be redelivered to its new owner)."""
-        part = self._parts.pop(partition, {})
+        part = self._parts.pop(partition, OrderedDict())
         for w in part.values():
-            self._requests.pop(w.request, None)
+            if w.request is not None:
+                self._requests.pop(w.request, None)
         return len(part)
 
     def partitions(self) -> list[int]:

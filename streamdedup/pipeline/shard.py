@@ -195,10 +195,10 @@ class Shard:
         group, insert = np.asarray(group, dtype=np.int64), store
         for g in np.unique(group).tolist():
             sel = np.flatnonzero(group == g)
-            store = self._groups.get(g)
-            if store is None:
-                store = self._groups[g] = self._new_group(g)
-            store.probe_and_insert(
+            gstore = self._groups.get(g)
+            if gstore is None:
+                gstore = self._groups[g] = self._new_group(g)
+            gstore.probe_and_insert(
                 sel, fps[sel], fetched[sel], id_hash[sel], [ids[i] for i in sel], [urls[i] for i in sel], out, insert
             )
         return out
@@ -216,7 +216,7 @@ class Shard:
         path = os.fspath(path)
         tmp = f"{path}.tmp-{os.getpid()}"
         with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
+            np.savez(f, **arrays)  # type: ignore[arg-type]  # (numpy's stub reads ** as allow_pickle)
         os.replace(tmp, path)
 
     @classmethod
@@ -304,8 +304,8 @@ def shard_step(shard_of: Callable[[int], Shard], messages: Iterable[tuple[int, b
             request=probes.rows["request"],
             distance=ans.distance,
             partition=probes.rows["partition"],
-            ids=[x if m else "" for x, m in zip(ans.ids, matched)],
-            urls=[x if m else "" for x, m in zip(ans.urls, matched)],
+            ids=[x if m and x is not None else "" for x, m in zip(ans.ids, matched)],
+            urls=[x if m and x is not None else "" for x, m in zip(ans.urls, matched)],
             kind=ANSWERS,
         )
         dest = probes.rows["partition"]
