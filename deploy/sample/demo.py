@@ -61,7 +61,7 @@ def main() -> int:
     p.add_argument("--keep", action="store_true", help="leave the broker and the worker running")
     args = p.parse_args()
     RUN.mkdir(exist_ok=True)
-    kafka_port, controller_port, sasl_port, web_port = free_ports(4)
+    kafka_port, controller_port, sasl_port, ssl_port, sasl_ssl_port, expired_port, web_port = free_ports(7)
     bootstrap = f"127.0.0.1:{kafka_port}"
     kafka_env = {
         **os.environ,
@@ -69,6 +69,9 @@ def main() -> int:
         "KAFKA_PORT": str(kafka_port),
         "KAFKA_CONTROLLER_PORT": str(controller_port),
         "KAFKA_SASL_PORT": str(sasl_port),
+        "KAFKA_SSL_PORT": str(ssl_port),  # the TLS listeners too: nothing on a fixed port
+        "KAFKA_SASL_SSL_PORT": str(sasl_ssl_port),
+        "KAFKA_SSL_EXPIRED_PORT": str(expired_port),
     }
     sd_env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMDEDUP_")}
     sd_env.update(
@@ -155,6 +158,11 @@ def summarize(verdicts: list[dict]) -> None:
         f"\n{len(verdicts)} pages: {counts['unique']} unique, {counts['near_duplicate']} near-duplicates "
         f"({counts['near_duplicate'] / len(verdicts):.0%})"
     )
+    in_scan = scan_counts()
+    same = "the same" if in_scan["unique"] == counts["unique"] else "NOT the same"
+    print(
+        f"`streamdedup scan` of the same file: {in_scan['unique']} unique, {in_scan['near_duplicate']} near-duplicates ({same})"
+    )
     dups = [v for v in verdicts if v["verdict"] == "near_duplicate"]
     shown = [v for v in dups if "?variant=" in v["url"]][:4] + [v for v in dups if "?variant=" not in v["url"]][:3]
     apart = [v for v in dups if v["distance"]][:2]  # and a couple that are not exact copies, if any
@@ -162,6 +170,17 @@ def summarize(verdicts: list[dict]) -> None:
     print("\nSome near-duplicates and the earlier page each one repeats:")
     for v in shown:
         print(f"  {v['url']}\n      = {v['match_url']}  ({bits_apart(v['distance'])})")
+
+
+def scan_counts() -> Counter:
+    """Verdicts of the embedded engine (``streamdedup scan``) over the sample crawl, in file order."""
+    import io
+
+    from streamdedup.engine.dedup import Deduplicator
+    from streamdedup.engine.records import read_pages
+    from streamdedup.engine.scan import scan_pages
+
+    return Counter(scan_pages(read_pages(CRAWL), Deduplicator("simhash", k=3), io.StringIO()).verdicts)
 
 
 def bits_apart(distance: int) -> str:
