@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import struct
 import time
 from collections import defaultdict
@@ -35,6 +36,7 @@ from streamdedup.settings import Settings
 from streamdedup.stream.check import check
 from streamdedup.stream.connection import faust_broker_url, faust_credentials
 from streamdedup.stream.gauges import Gauges
+from streamdedup.stream.logs import install as rate_limit_client_logs
 from streamdedup.stream.metrics import FAUST_PREFIX, Metrics
 from streamdedup.stream.outbox import Outbox, latency_seconds
 from streamdedup.stream.pool import fingerprint_pool
@@ -45,6 +47,13 @@ __all__ = ["Worker", "internal_topics", "table_design"]
 log = logging.getLogger("streamdedup.worker")
 RAW = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 MAX_ROWS = 2000  # rows per internal message (a row is 48 bytes plus its id and url)
+# a failing shard or answers batch is tried this many times, waiting RETRY_FIRST seconds after
+# the first failure and twice as long after each next one (at most RETRY_MAX): 0.2+0.4+0.8+1.6 s
+RETRY_ATTEMPTS, RETRY_FIRST, RETRY_MAX = 5, 0.2, 5.0
+FAILED = -2  # an answer row's distance when its shard gave up on the probe (the id column holds why)
+#: test hook, never set in production: ``<stage>:<n>`` makes that stage (shard, answers) raise on
+#: its first n batches; ``<stage>:id=<text>`` on every batch holding a page whose id contains text
+FAULT_ENV = "TEST_STREAMDEDUP_FAULT"  # (not STREAMDEDUP_*: settings refuse unknown ones)
 
 
 def internal_topics(settings: Settings) -> dict[str, str]:
@@ -104,7 +113,10 @@ class Worker:
         self._seq = 0
         self._recovery_started: float | None = None
         self._last_sent = time.monotonic()
+        self.faults = _Faults.from_env(os.environ.get(FAULT_ENV, ""))
         self.app = self._build_app()
+        # after faust and aiokafka are imported: a broker outage must not flood the log
+        rate_limit_client_logs()
 
     # ------------------------------------------------------------------ app and agents
     def _build_app(self) -> faust.App:
@@ -164,28 +176,24 @@ class Worker:
                 if self._buffer:
                     self._kick(partial=True)
 
+        # faust acks a take_events batch once the body is done, even if it raised: a failing
+        # batch is retried here, and if it keeps failing its pages get dead letters (give_up_*)
         @app.agent(self.probes_topic, name="shards")
         async def shard_agent(stream):
             async for events in stream.take_events(256, within=s.batch_timeout / 2):
                 t0 = time.perf_counter()
-                try:
-                    await self.on_probes(events)
-                except Exception:
-                    self.metrics.errors.labels("shard").inc()
-                    log.exception("shard stage failed on %d messages", len(events))
+                error = await self._retrying("shard", self.on_probes, events)
+                if error is not None:
+                    await self._give_up_probes(events, error)
                 self.metrics.batch_seconds.labels("shard").observe(time.perf_counter() - t0)
 
         @app.agent(self.answers_topic, name="answers")
         async def answers_agent(stream):
             async for events in stream.take_events(1024, within=s.batch_timeout / 2):
                 t0 = time.perf_counter()
-                try:
-                    batch = decode([e.value for e in events], ANSWERS)
-                    for p in sorted(self.pending.answer(batch)):
-                        self.outbox.schedule(p)
-                except Exception:
-                    self.metrics.errors.labels("answers").inc()
-                    log.exception("answers stage failed on %d messages", len(events))
+                error = await self._retrying("answers", self.on_answers, events)
+                if error is not None:
+                    self._give_up_answers(events, error)
                 self.metrics.batch_seconds.labels("answers").observe(time.perf_counter() - t0)
 
         worker = self
@@ -369,11 +377,106 @@ class Worker:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
+    # ------------------------------------------------------------------ failures
+    async def _retrying(self, stage: str, attempt, events: list) -> Exception | None:
+        """Run ``attempt(events)`` until it succeeds, at most RETRY_ATTEMPTS times with exponential
+        backoff; returns the last error if it never did.  Every failure counts in the errors
+        metric.  (The shard stage is idempotent: a page stored by a failed attempt is not stored
+        twice, and a group answered twice counts once.)"""
+        delay = RETRY_FIRST
+        for n in range(1, RETRY_ATTEMPTS + 1):
+            try:
+                await attempt(events)
+                return None
+            except Exception as e:
+                self.metrics.errors.labels(stage).inc()
+                if n == RETRY_ATTEMPTS:
+                    log.error("%s stage failed %d times; giving up on the batch", stage, n, exc_info=e)
+                    return e
+                log.warning(
+                    "%s stage failed (attempt %d of %d): %r; retrying in %.1fs", stage, n, RETRY_ATTEMPTS, e, delay
+                )
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, RETRY_MAX)
+        return None  # (not reached)
+
+    async def _give_up_probes(self, events: list, error: Exception) -> None:
+        """Answer every probe of a batch the shard stage gave up on with FAILED, so the pages'
+        owners (this worker or another) send them to the dead-letter topic as internal_error."""
+        why = _describe(error, "shard stage")
+        replies: dict[int, list[Batch]] = defaultdict(list)
+        for e in events:
+            try:
+                if kind_of(e.value) != PROBES:  # a check's request times out on its own
+                    continue
+                probes = decode([e.value], PROBES)
+            except Exception:
+                log.exception("shard stage: an undecodable probes message (partition %d)", e.message.partition)
+                continue
+            dest = probes.rows["partition"]
+            failed = Batch.build(
+                group=probes.rows["group"],
+                fps=0,
+                fetched=0,
+                id_hash=0,
+                request=probes.rows["request"],
+                distance=FAILED,
+                partition=dest,
+                ids=[why] * len(probes),
+                urls=[""] * len(probes),
+                kind=ANSWERS,
+            )
+            for q in np.unique(dest).tolist():
+                replies[q].append(failed.select(dest == q))
+        try:
+            for q, parts in replies.items():
+                for chunk in _chunks(Batch.concat(parts)):
+                    await self.answers_topic.send(value=encode(chunk, ANSWERS), partition=q)
+        except Exception:
+            log.exception("shard stage: cannot send the failure answers; their pages wait for a restart")
+
+    def _give_up_answers(self, events: list, error: Exception) -> None:
+        """The answers stage gave up on a batch: every page it names becomes a dead letter."""
+        why = _describe(error, "answers stage")
+        touched: set[int] = set()
+        for e in events:
+            try:
+                batch = decode([e.value], ANSWERS)
+            except Exception:
+                log.exception("answers stage: an undecodable answers message (partition %d)", e.message.partition)
+                continue
+            for request in batch.rows["request"].tolist():
+                if (p := self.pending.fail_request(request, "internal_error", why)) is not None:
+                    touched.add(p)
+        for p in sorted(touched):
+            self.outbox.schedule(p)
+
+    # ------------------------------------------------------------------ stage 3: answers
+    async def on_answers(self, events: list) -> None:
+        batch = decode([e.value for e in events], ANSWERS)
+        if self.faults:
+            waiting = [self.pending.waiting(r) for r in batch.rows["request"].tolist()]
+            self.faults.check("answers", [w.page_id or "" for w in waiting if w is not None])
+        failed = batch.rows["distance"] == FAILED
+        touched: set[int] = set()
+        if failed.any():  # a shard gave up on these probes: their pages are dead letters
+            gave_up = batch.select(failed)
+            for request, why in zip(gave_up.rows["request"].tolist(), gave_up.ids()):
+                if (p := self.pending.fail_request(request, "internal_error", why)) is not None:
+                    touched.add(p)
+            batch = batch.select(~failed)
+        touched |= self.pending.answer(batch)
+        for p in sorted(touched):
+            self.outbox.schedule(p)
+
     # ------------------------------------------------------------------ stage 2: shards
     async def on_probes(self, events: list) -> None:
         by_partition: dict[tuple[int, int], list[bytes]] = defaultdict(list)
         for e in events:  # probes and checks, by shard partition, in arrival order within each kind
             by_partition[e.message.partition, kind_of(e.value)].append(e.value)
+        if self.faults:
+            ids = [i for (_, kind), values in by_partition.items() if kind == PROBES for i in decode(values).ids()]
+            self.faults.check("shard", ids)
         replies: dict[int, list[Batch]] = defaultdict(list)
         writes = []
         for (s, kind), values in by_partition.items():
@@ -453,6 +556,38 @@ class Worker:
     def _on_recovered(self) -> None:
         if self._recovery_started is not None:
             self.metrics.recovery_seconds.set(time.monotonic() - self._recovery_started)
+
+
+class _Faults:
+    """The test hook behind FAULT_ENV (documented there); empty and falsy unless it is set."""
+
+    def __init__(self, stage: str = "", times: int = 0, match: str | None = None) -> None:
+        self.stage, self.times, self.match = stage, times, match
+
+    @classmethod
+    def from_env(cls, spec: str) -> _Faults:
+        if not spec:
+            return cls()
+        stage, _, what = spec.partition(":")
+        if what.startswith("id="):
+            return cls(stage, 0, what[3:])
+        return cls(stage, int(what or "1"))
+
+    def __bool__(self) -> bool:
+        return bool(self.stage)
+
+    def check(self, stage: str, ids: list[str]) -> None:
+        if stage != self.stage:
+            return
+        if self.match is not None and any(self.match in i for i in ids):
+            raise RuntimeError(f"injected {stage} failure (test hook {FAULT_ENV}, id contains {self.match!r})")
+        if self.match is None and self.times > 0:
+            self.times -= 1
+            raise RuntimeError(f"injected {stage} failure (test hook {FAULT_ENV}, {self.times} more to come)")
+
+
+def _describe(error: Exception, stage: str) -> str:
+    return f"{stage} failed {RETRY_ATTEMPTS} times: {type(error).__name__}: {error}"[:1000]
 
 
 def _chunks(batch: Batch):

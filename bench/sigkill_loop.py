@@ -1,0 +1,202 @@
+"""SIGKILL a worker under CPU load, again and again, and check that no input record is lost.
+
+One run: fresh topics (4 partitions), one worker, a first wave of records (valid pages with a
+few bad records between them) produced in one go; the worker is SIGKILLed once part of it is
+judged, restarted, SIGKILLed again while it recovers (right after it starts, before or just
+after it is ready), restarted with a second wave produced during its recovery, and left to
+finish.  Then every output topic (verdicts, unique, near-duplicate, dead-letter) is read to its
+end offsets with read_committed, and every input (partition, offset) must have exactly one
+outcome: one verdict (which names its partition and offset) or one dead letter (found by its
+unique key).  A run fails if any record has none or two.
+
+    python bench/sigkill_loop.py --runs 50             # a private broker, 2 busy processes
+    python bench/sigkill_loop.py --runs 20 --load 3 --brokers 127.0.0.1:9092
+
+Run from the repository root with the project's venv; it starts its own Kafka broker from
+deploy/local unless --brokers is given.  Prints one line per run and a summary; exits 1 if any
+run lost or doubled a record.  Worker logs of failed runs are kept under --workdir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the test suite's broker and worker harness
+
+from kafka_broker import LocalKafka  # noqa: E402
+from stream_harness import StreamTopics, WorkerProcess, page_record, produce  # noqa: E402
+from topics import read_topic  # noqa: E402
+
+
+class Broker:
+    """An existing broker given by address (the harness only needs these two)."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+
+    def client_kwargs(self) -> dict:
+        return {"bootstrap_servers": self.bootstrap}
+
+    def create_topic(self, name: str, partitions: int) -> None:
+        import asyncio
+
+        from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+        async def run() -> None:
+            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+            await admin.start()
+            try:
+                await admin.create_topics([NewTopic(name, partitions, 1)])
+            finally:
+                await admin.close()
+
+        asyncio.run(run())
+
+
+def _busy() -> None:  # pragma: no cover - a CPU hog for the load
+    while True:
+        pass
+
+
+def records(run: int, wave: int, n: int, rng: random.Random) -> list:
+    """``n`` inputs with unique keys: pages of random words, every 13th a bad record."""
+    out = []
+    for i in range(n):
+        key = f"r{run}-w{wave}-{i}"
+        if i % 13 == 5:
+            out.append((key.encode(), b"not json at all " + key.encode()))
+            continue
+        words = " ".join(f"w{rng.randrange(20000)}" for _ in range(120))
+        out.append(page_record(f"http://loop.test/{key}", f"<p>{words}</p>", id=key))
+    return out
+
+
+def produced_offsets(kafka, topic: str) -> dict[str, tuple[int, int]]:
+    """Every input record's key -> (partition, offset), read back from the pages topic."""
+    return {r.key.decode(): (r.partition, r.offset) for r in read_topic(kafka, topic, timeout=60)}
+
+
+def outcomes(kafka, topics: StreamTopics, where: dict[str, tuple[int, int]]) -> dict[tuple[int, int], list[str]]:
+    """(partition, offset) -> the outcomes found for it on the output topics (read to their end)."""
+    found: dict[tuple[int, int], list[str]] = {}
+    for r in read_topic(kafka, topics.verdicts, timeout=60):
+        v = json.loads(r.value)
+        found.setdefault((v["partition"], v["offset"]), []).append(v["verdict"])
+    for r in read_topic(kafka, topics.dead_letter, timeout=60):
+        reason = dict(r.headers).get("streamdedup-reason", b"?").decode()
+        found.setdefault(where.get(r.key.decode(), (-1, -1)), []).append(f"dead:{reason}")
+    return found
+
+
+def check(kafka, topics: StreamTopics) -> tuple[list, list, int]:
+    """(records with no outcome, records with more than one, inputs) -- read to the end offsets."""
+    where = produced_offsets(kafka, topics.pages)
+    found = outcomes(kafka, topics, where)
+    missing = sorted(po for po in where.values() if po not in found)
+    doubled = sorted(po for po, o in found.items() if len(o) > 1)
+    return missing, doubled, len(where)
+
+
+def one_run(kafka, run: int, workdir: Path, n: int, seed: int, deadline_s: float = 240.0) -> tuple[bool, str]:
+    rng = random.Random(seed)
+    topics = StreamTopics.fresh(kafka, partitions=4)
+    env = {"STREAMDEDUP_BATCH_SIZE": "40"}
+    w = WorkerProcess(kafka, topics, workdir, name=f"run{run}", env=env)
+    try:
+        w.start(timeout=120)
+        produce(kafka, topics.pages, records(run, 0, n, rng))
+        # kill during the stream: once the worker has committed something, after a random delay
+        time.sleep(rng.uniform(0.5, 3.0))
+        w.kill()
+        # restart, and kill again while it recovers (the new process joins, waits for the dead
+        # member's session to expire, restores the shards, seeks)
+        w.proc = None
+        w._log = open(w.log_path, "ab")
+        import subprocess
+
+        w.proc = subprocess.Popen(
+            [sys.executable, "-m", "streamdedup", "worker"],
+            env=w.env,
+            stdout=w._log,
+            stderr=subprocess.STDOUT,
+            cwd=w.dir,
+        )
+        time.sleep(rng.uniform(4.0, 16.0))
+        w.kill()
+        w._log.close()
+        w.start(timeout=120)
+        produce(kafka, topics.pages, records(run, 1, n // 2, rng))
+        total = n + n // 2
+        end = time.monotonic() + deadline_s
+        while True:
+            missing, doubled, inputs = check(kafka, topics)
+            if inputs == total and not missing:
+                break
+            if time.monotonic() > end:
+                break
+            time.sleep(2.0)
+        # a last read after a pause: anything judged twice shows up now
+        time.sleep(2.0)
+        missing, doubled, inputs = check(kafka, topics)
+    finally:
+        w.__exit__(None, None, None)
+    ok = not missing and not doubled and inputs == total
+    detail = f"inputs {inputs}/{total}, no outcome {len(missing)}, two outcomes {len(doubled)}"
+    if missing:
+        detail += f"; missing {missing[:6]}{'...' if len(missing) > 6 else ''}"
+    if doubled:
+        detail += f"; doubled {doubled[:6]}"
+    if ok:
+        shutil.rmtree(w.dir, ignore_errors=True)
+    else:
+        detail += f"; logs in {w.dir}"
+    return ok, detail
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--records", type=int, default=600, help="records in the first wave (the second has half)")
+    ap.add_argument("--load", type=int, default=2, help="busy processes running during the loop")
+    ap.add_argument("--brokers", help="an existing broker (default: start a private one from deploy/local)")
+    ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--stop-on-failure", action="store_true")
+    args = ap.parse_args()
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="sigkill-loop-"))
+    kafka = Broker(args.brokers) if args.brokers else LocalKafka(name=f"bench-sigkill-{int(time.time())}").start()
+    hogs = [multiprocessing.Process(target=_busy, daemon=True) for _ in range(args.load)]
+    for h in hogs:
+        h.start()
+    failures = 0
+    try:
+        for run in range(args.runs):
+            t0 = time.monotonic()
+            ok, detail = one_run(kafka, run, workdir, args.records, args.seed * 1000 + run)
+            failures += not ok
+            print(
+                f"run {run + 1}/{args.runs}: {'ok' if ok else 'FAILED'} ({time.monotonic() - t0:.0f}s) {detail}",
+                flush=True,
+            )
+            if not ok and args.stop_on_failure:
+                break
+    finally:
+        for h in hogs:
+            h.terminate()
+        if isinstance(kafka, LocalKafka):
+            kafka.stop()
+    print(f"{failures} failed of {run + 1} runs (load: {args.load} busy processes; workdir {workdir})", flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
