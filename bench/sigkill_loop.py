@@ -1,16 +1,15 @@
 """SIGKILL a worker under CPU load, again and again, and check that no input record is lost.
 
-One run: fresh topics (4 partitions), one worker, a first wave of records (valid pages with a
-few bad records between them) produced in one go; the worker is SIGKILLed once part of it is
-judged, restarted, SIGKILLed again while it recovers (right after it starts, before or just
-after it is ready), restarted with a second wave produced during its recovery, and left to
-finish.  Then every output topic (verdicts, unique, near-duplicate, dead-letter) is read to its
+One run: fresh topics (4 partitions), two workers (``--workers``), a first wave of records
+(valid pages with a few bad records between them) produced in one go; one worker is SIGKILLed
+while the wave is judged, restarted, SIGKILLed again while it joins and recovers, restarted,
+and a second wave is produced; the survivor keeps judging through every rebalance this causes.  Then every output topic (verdicts, unique, near-duplicate, dead-letter) is read to its
 end offsets with read_committed, and every input (partition, offset) must have exactly one
 outcome: one verdict (which names its partition and offset) or one dead letter (found by its
 unique key).  A run fails if any record has none or two.
 
     python bench/sigkill_loop.py --runs 50             # a private broker, 2 busy processes
-    python bench/sigkill_loop.py --runs 20 --load 3 --brokers 127.0.0.1:9092
+    python bench/sigkill_loop.py --runs 20 --load 3 --workers 1 --brokers 127.0.0.1:9092
 
 Run from the repository root with the project's venv; it starts its own Kafka broker from
 deploy/local unless --brokers is given.  Prints one line per run and a summary; exits 1 if any
@@ -24,6 +23,7 @@ import json
 import multiprocessing
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -106,49 +106,47 @@ def check(kafka, topics: StreamTopics) -> tuple[list, list, int]:
     return missing, doubled, len(where)
 
 
-def one_run(kafka, run: int, workdir: Path, n: int, seed: int, deadline_s: float = 240.0) -> tuple[bool, str]:
+def _spawn(w: WorkerProcess) -> None:
+    """Start a worker process without waiting for it to be ready (to kill it while it recovers)."""
+    w._log = open(w.log_path, "ab")
+    w.proc = subprocess.Popen(
+        [sys.executable, "-m", "streamdedup", "worker"], env=w.env, stdout=w._log, stderr=subprocess.STDOUT, cwd=w.dir
+    )
+
+
+def one_run(kafka, run: int, workdir: Path, n: int, seed: int, workers: int, deadline_s: float = 300.0):
+    """One run; returns (ok, detail).  With 2 workers the survivor keeps judging through every
+    rebalance the victim's deaths and restarts cause (batches in flight while partitions move)."""
     rng = random.Random(seed)
     topics = StreamTopics.fresh(kafka, partitions=4)
     env = {"STREAMDEDUP_BATCH_SIZE": "40"}
-    w = WorkerProcess(kafka, topics, workdir, name=f"run{run}", env=env)
+    ws = [WorkerProcess(kafka, topics, workdir / f"run{run}", name=f"w{i}", env=env) for i in range(workers)]
+    victim = ws[-1]
+    total = n + n // 2
     try:
-        w.start(timeout=120)
+        for w in ws:
+            w.start(timeout=120)
         produce(kafka, topics.pages, records(run, 0, n, rng))
-        # kill during the stream: once the worker has committed something, after a random delay
         time.sleep(rng.uniform(0.5, 3.0))
-        w.kill()
-        # restart, and kill again while it recovers (the new process joins, waits for the dead
-        # member's session to expire, restores the shards, seeks)
-        w.proc = None
-        w._log = open(w.log_path, "ab")
-        import subprocess
-
-        w.proc = subprocess.Popen(
-            [sys.executable, "-m", "streamdedup", "worker"],
-            env=w.env,
-            stdout=w._log,
-            stderr=subprocess.STDOUT,
-            cwd=w.dir,
-        )
+        victim.kill()  # during the stream
+        victim._log.close()
+        _spawn(victim)  # restart, and kill again while it joins and recovers
         time.sleep(rng.uniform(4.0, 16.0))
-        w.kill()
-        w._log.close()
-        w.start(timeout=120)
+        victim.kill()
+        victim._log.close()
+        victim.start(timeout=120)
         produce(kafka, topics.pages, records(run, 1, n // 2, rng))
-        total = n + n // 2
         end = time.monotonic() + deadline_s
         while True:
             missing, doubled, inputs = check(kafka, topics)
-            if inputs == total and not missing:
-                break
-            if time.monotonic() > end:
+            if (inputs == total and not missing) or time.monotonic() > end:
                 break
             time.sleep(2.0)
-        # a last read after a pause: anything judged twice shows up now
-        time.sleep(2.0)
+        time.sleep(2.0)  # a last read after a pause: anything judged twice shows up now
         missing, doubled, inputs = check(kafka, topics)
     finally:
-        w.__exit__(None, None, None)
+        for w in ws:
+            w.__exit__(None, None, None)
     ok = not missing and not doubled and inputs == total
     detail = f"inputs {inputs}/{total}, no outcome {len(missing)}, two outcomes {len(doubled)}"
     if missing:
@@ -156,9 +154,9 @@ def one_run(kafka, run: int, workdir: Path, n: int, seed: int, deadline_s: float
     if doubled:
         detail += f"; doubled {doubled[:6]}"
     if ok:
-        shutil.rmtree(w.dir, ignore_errors=True)
+        shutil.rmtree(workdir / f"run{run}", ignore_errors=True)
     else:
-        detail += f"; logs in {w.dir}"
+        detail += f"; logs in {workdir / f'run{run}'}"
     return ok, detail
 
 
@@ -167,6 +165,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--records", type=int, default=600, help="records in the first wave (the second has half)")
     ap.add_argument("--load", type=int, default=2, help="busy processes running during the loop")
+    ap.add_argument("--workers", type=int, default=2, help="workers; the last one is killed (default 2)")
     ap.add_argument("--brokers", help="an existing broker (default: start a private one from deploy/local)")
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--seed", type=int, default=1)
@@ -181,7 +180,7 @@ def main() -> int:
     try:
         for run in range(args.runs):
             t0 = time.monotonic()
-            ok, detail = one_run(kafka, run, workdir, args.records, args.seed * 1000 + run)
+            ok, detail = one_run(kafka, run, workdir, args.records, args.seed * 1000 + run, args.workers)
             failures += not ok
             print(
                 f"run {run + 1}/{args.runs}: {'ok' if ok else 'FAILED'} ({time.monotonic() - t0:.0f}s) {detail}",

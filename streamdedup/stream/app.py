@@ -98,7 +98,10 @@ class Worker:
             on_error=lambda: self.metrics.errors.labels("answers").inc(),
         )
         self._buffer: list[Any] = []
-        self._taken: dict[int, int] = {}  # input partition -> the next offset not taken yet
+        self._taken: dict[int, set[int]] = {}  # input partition -> offsets taken and not yet committed
+        # bumped at every revocation: work started under an earlier assignment is dropped, never
+        # mixed into the next one (its records are read again from the committed offset)
+        self._generation = 0
         self._seen: dict[int, int] = {}  # input partition -> the next offset not buffered yet
         # pages read but not yet judged, at most: bounds memory and latency, and lets the shard and
         # answers stages run instead of the pages stage reading a whole backlog first
@@ -231,6 +234,7 @@ class Worker:
 
         @app.on_partitions_revoked.connect
         async def on_revoked(sender, revoked, **kwargs):
+            self._generation += 1  # first, before any await: batches in flight now are stale
             self.metrics.rebalances.inc()
             gone = {tp.partition for tp in revoked if tp.topic == s.pages_topic}
             self._buffer = [e for e in self._buffer if e.message.partition not in gone]
@@ -254,9 +258,16 @@ class Worker:
         return self.table.data  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ stage 1: pages
-    async def drain(self, events: list) -> None:
+    async def drain(self, events: list, generation: int | None = None) -> None:
         """Judge a batch of events: parse here, fingerprint in the pool (or here), then register
-        and send the probes.  Batches register in the order they were taken from the buffer."""
+        and send the probes.  Batches register in the order they were taken from the buffer.
+
+        A batch taken under an earlier assignment (``generation``) is dropped, at the start and
+        again before it registers: its partitions were revoked, the new assignment reads them
+        again from the committed offset, and mixing the two loses records (docs/faust-notes.md §8)."""
+        generation = self._generation if generation is None else generation
+        if generation != self._generation:
+            return
         events = [e for e in events if self._take(e.message.partition, e.message.offset)]
         if not events:
             return
@@ -291,11 +302,18 @@ class Worker:
         try:
             if error is None:
                 fps, failed = await result if result is not None else fingerprint_contents(contents)
+                if generation != self._generation:
+                    raise _Stale()
                 intake = Intake.register(parsed, fps, failed, self.pending, self.plan)
+        except _Stale:
+            error = _Stale()
         except Exception as e:
             error = e
         try:
-            if error is not None:  # a bug, not bad input: never lose the records
+            if isinstance(error, _Stale) or generation != self._generation:
+                log.info("dropping a batch of %d records taken before a rebalance", len(records))
+                partitions = set()
+            elif error is not None:  # a bug, not bad input: never lose the records
                 self.metrics.errors.labels("pages").inc()
                 log.error(
                     "intake failed on %d records; sending them to the dead-letter topic", len(records), exc_info=error
@@ -328,10 +346,17 @@ class Worker:
     def _take(self, partition: int, offset: int) -> bool:
         """False for a record this assignment has taken already.  faust may deliver a partition's
         records before its recovery completes and then seek back to the committed offset it read
-        at the start: without this, records committed in between would be judged twice."""
-        if offset < self._taken.get(partition, -1):
+        at the start: without this, records committed in between would be judged twice.
+
+        Exactly the offsets taken, not a high-water mark: a record this assignment never took
+        is taken whenever it comes, so a hole in what faust delivered is filled on re-reading,
+        never skipped."""
+        if offset < self.outbox.committed.get(partition, -1):
             return False
-        self._taken[partition] = offset + 1
+        taken = self._taken.setdefault(partition, set())
+        if offset in taken:
+            return False
+        taken.add(offset)
         return True
 
     def _kick(self, partial: bool = False) -> None:
@@ -348,7 +373,7 @@ class Worker:
         ):
             events, self._buffer = self._buffer[:size], self._buffer[size:]
             self._in_flight += 1
-            task = asyncio.get_running_loop().create_task(self.drain(events))
+            task = asyncio.get_running_loop().create_task(self.drain(events, self._generation))
             task.add_done_callback(self._drained)
         backlog = len(self.pending) + len(self._buffer)
         tps = {tp for tp in self._assigned if tp.topic == self.settings.pages_topic}
@@ -357,15 +382,20 @@ class Worker:
             self._paused = True
         elif self._paused and backlog < self._max_waiting and self.app.tables.recovery.completed.is_set():
             self._paused = False
-            asyncio.get_running_loop().create_task(self._resume(tps))
+            asyncio.get_running_loop().create_task(self._resume(tps, self._generation))
 
-    async def _resume(self, tps: set) -> None:
+    async def _resume(self, tps: set, generation: int) -> None:
         # faust drops the records of a paused partition that were fetched already: read them
-        # again from the first one this worker has not seen (_take drops any seen twice)
+        # again from the first one this worker has not seen (_take drops any seen twice).  Not
+        # across a rebalance (recovery's `completed` stays set): the new assignment seeks and
+        # resumes its partitions itself, and an old seek or resume would cut into its recovery
         for tp in tps:
+            if generation != self._generation:
+                return
             if tp.partition in self._seen:
                 await self.app.consumer.seek(tp, self._seen[tp.partition])
-        self.app.consumer.resume_partitions(tps)
+        if generation == self._generation:
+            self.app.consumer.resume_partitions(tps)
 
     def _drained(self, task: asyncio.Task) -> None:
         self._in_flight -= 1
@@ -537,6 +567,8 @@ class Worker:
 
     # ------------------------------------------------------------------ metrics
     def _on_sent(self, done: list[Waiting]) -> None:
+        for w in done:  # committed: below outbox.committed from now on
+            self._taken.get(w.partition, set()).discard(w.offset)
         self._kick()  # room for more
         self._last_sent = time.monotonic()
         m, now = self.metrics, time.time()
@@ -556,6 +588,10 @@ class Worker:
     def _on_recovered(self) -> None:
         if self._recovery_started is not None:
             self.metrics.recovery_seconds.set(time.monotonic() - self._recovery_started)
+
+
+class _Stale(Exception):
+    """A batch taken under an assignment that has been revoked since."""
 
 
 class _Faults:
