@@ -97,3 +97,31 @@ def test_install_covers_child_loggers_once():
             logger = logging.getLogger(name)
             for f in [f for f in logger.filters if isinstance(f, RateLimit)]:
                 logger.removeFilter(f)
+
+
+def test_a_line_with_the_count_formats_under_modes_formatter(captured):
+    """faust's workers log through mode's formatter, which re-wraps and re-formats the args."""
+    import io
+
+    from mode.utils.logging import ExtensionFormatter
+
+    logger, lines, clock, limit = captured
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Keep()
+    logger.addHandler(handler)
+    try:
+        for _ in range(3):
+            logger.warning("Heartbeat failed for group %s because it is rebalancing", "g1")
+        clock.now += 10
+        logger.warning("Heartbeat failed for group %s because it is rebalancing", "g1")
+    finally:
+        logger.removeHandler(handler)
+    text = ExtensionFormatter(stream=io.StringIO(), fmt="%(message)s").format(records[-1])
+    assert (
+        text == "Heartbeat failed for group g1 because it is rebalancing (2 similar lines suppressed in the last 10s)"
+    )

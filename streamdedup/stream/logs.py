@@ -63,7 +63,7 @@ class RateLimit(logging.Filter):
                 self._forget(now)
         if dropped:
             record.msg = f"{record.getMessage()} ({dropped} similar lines suppressed in the last {now - last:.0f}s)"
-            record.args = None
+            record.args = ()  # (not None: mode's formatter wraps None into (None,) and formats again)
         return True
 
     def _forget(self, now: float) -> None:
