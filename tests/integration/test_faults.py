@@ -11,6 +11,7 @@ outcome (one verdict or one dead letter).
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 import urllib.request
@@ -114,3 +115,37 @@ def test_a_batch_that_keeps_failing_goes_to_the_dead_letter_topic_and_later_page
     expected = {r["id"]: [("verdict", "unique", None)] for r in first + later[5:]}
     expected |= {f"b-{i}": [("verdict", "near_duplicate", f"a-{i}")] for i in range(5)}
     assert out == expected
+
+
+def test_a_broker_outage_logs_a_few_lines_per_node_not_a_flood(tmp_path):
+    """A private broker, a worker with pages in flight, then the broker stops for good: the
+    worker's connection errors are rate-limited (streamdedup/stream/logs.py) to about one line
+    per kind and node per 10 s, each later one with the count it stands for."""
+    from kafka_broker import LocalKafka
+
+    broker = LocalKafka(name=f"pytest-{os.getpid()}-outage")
+    broker.start()
+    worker = None
+    try:
+        topics = StreamTopics.fresh(broker, partitions=2)
+        worker = WorkerProcess(broker, topics, tmp_path)
+        worker.start(timeout=90)
+        produce(broker, topics.pages, pages(np.random.default_rng(9), "a", 20))
+        wait_for_outcomes(broker, topics, [f"a-{i}" for i in range(20)])
+        mark = worker.log_path.stat().st_size
+        broker.stop()
+        # the outage: wait until the worker has noticed it, then for 15 s more of it
+        worker.wait_for_log("Unable connect to node with id", 60, since=mark)
+        noticed = worker.log_path.stat().st_size
+        time.sleep(15)  # (a window to count lines in, not a wait for a condition)
+        assert worker.proc.poll() is None, "the worker died in the outage"
+        lines = worker.log_path.read_bytes()[noticed:].decode("utf-8", "replace").splitlines()
+    finally:
+        if worker is not None and worker.proc is not None and worker.proc.poll() is None:
+            worker.kill()
+        if broker.started:
+            broker.stop()
+    errors = [line for line in lines if "[ERROR]" in line or "[WARNING]" in line]
+    # one node, a handful of kinds (connect, metadata, fetch, heartbeat, ...), each at most twice
+    # in 15 s; without the limit this was thousands of lines (72,454 in 16 s in issue 15)
+    assert len(errors) < 100, f"{len(errors)} error lines in 15 s of outage:\n" + "\n".join(errors[:30])
