@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the test suite's broker and worker ha
 
 from aiokafka import AIOKafkaProducer  # noqa: E402
 from kafka_broker import LocalKafka  # noqa: E402
-from stream_harness import StreamTopics, WorkerProcess  # noqa: E402
+from stream_harness import StreamTopics, WorkerProcess, page_record, produce  # noqa: E402
 from topics import read_topic  # noqa: E402
 
 
@@ -77,14 +77,27 @@ def main() -> int:
     else:
         kafka = LocalKafka(name=f"bench-latency-{int(time.time())}").start()
     workdir = Path(tempfile.mkdtemp(prefix="sigkill-latency-"))
+    ws: list[WorkerProcess] = []
     try:
         topics = StreamTopics.fresh(kafka, partitions=4)
         env = {"STREAMDEDUP_STANDBY_REPLICAS": str(args.standby_replicas)}
         ws = [WorkerProcess(kafka, topics, workdir, name=f"w{i}", env=env) for i in range(2)]
         for w in ws:
             w.start(timeout=120)
-        ws[0].wait_for_log("[^---Recovery]: Worker ready", 60)
-        time.sleep(3.0)  # both hold partitions (a rebalance after the second joined)
+    except BaseException:
+        for w in ws:
+            w.__exit__(None, None, None)
+        raise
+    try:
+        # warm up: both hold partitions and verdicts flow (the second's join causes a rebalance)
+        warm = [page_record(f"http://warm.test/{i}", f"<p>warm up page {i} {'text ' * i}</p>") for i in range(20)]
+        produce(kafka, topics.pages, warm)
+        deadline = time.monotonic() + 180
+        while len(read_topic(kafka, topics.verdicts, timeout=60)) < len(warm):
+            if time.monotonic() > deadline:
+                raise SystemExit("the workers gave no verdicts for the warm-up pages within 180 s")
+            time.sleep(1.0)
+        before_run = {(r.partition, r.offset) for r in read_topic(kafka, topics.pages, timeout=60)}
         killed_at: list[float] = []
 
         def tick(now: float) -> None:
@@ -93,21 +106,26 @@ def main() -> int:
                 killed_at.append(time.time())
 
         asyncio.run(produce_steadily(kafka, topics.pages, args.rate, args.seconds, tick))
-        sent = {(r.partition, r.offset): r.timestamp / 1000 for r in read_topic(kafka, topics.pages, timeout=60)}
+        sent = {
+            (r.partition, r.offset): r.timestamp / 1000
+            for r in read_topic(kafka, topics.pages, timeout=60)
+            if (r.partition, r.offset) not in before_run
+        }
         deadline = time.monotonic() + 120
         while True:
             verdicts = read_topic(kafka, topics.verdicts, timeout=60)
-            if len(verdicts) >= len(sent) or time.monotonic() > deadline:
+            if len(verdicts) >= len(sent) + len(before_run) or time.monotonic() > deadline:
                 break
             time.sleep(2.0)
+    finally:
         for w in ws:
             w.__exit__(None, None, None)
-    finally:
         if isinstance(kafka, LocalKafka):
             kafka.stop()
     kill = killed_at[0]
     before, during, after = [], [], []
     first_after = None
+    verdicts = [r for r in verdicts if (lambda v: (v["partition"], v["offset"]) in sent)(json.loads(r.value))]
     for r in verdicts:
         v = json.loads(r.value)
         t_in = sent[(v["partition"], v["offset"])]

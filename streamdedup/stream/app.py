@@ -250,8 +250,30 @@ class Worker:
             self._assigned = set(assigned)
             self._recovery_started = time.monotonic()
             self.metrics.recovery_restored.set(0)
+            await self._seek_uncommitted({tp for tp in assigned if tp.topic == s.pages_topic})
 
         return app
+
+    async def _seek_uncommitted(self, tps: set) -> None:
+        """Seek the pages partitions that have no committed offset yet to their first record.
+        faust seeks only partitions with a committed offset, and a pages partition this worker
+        took over before any offset was committed was never fetched (docs/faust-notes.md §9).
+        The partitions are paused until recovery ends, so the position holds until then."""
+        if not tps:
+            return
+        try:
+            committed = await self.app.consumer.seek_to_committed()
+            missing = [tp for tp in tps if committed.get(tp) is None or committed[tp] < 0]
+            if missing:
+                earliest = await self.app.consumer.earliest_offsets(*missing)
+                for tp in missing:
+                    await self.app.consumer.seek(tp, earliest.get(tp) or 0)
+                log.info(
+                    "no committed offset yet for pages partitions %s: reading them from the start",
+                    sorted(tp.partition for tp in missing),
+                )
+        except Exception:
+            log.exception("cannot seek the uncommitted pages partitions %s", sorted(tp.partition for tp in tps))
 
     @property
     def store(self) -> ShardStore:
