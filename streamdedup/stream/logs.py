@@ -61,7 +61,7 @@ class RateLimit(logging.Filter):
             self._last[kind] = now
             if len(self._last) > 10_000:  # bounded memory whatever the messages
                 self._forget(now)
-        if dropped:
+        if dropped and last is not None:
             record.msg = f"{record.getMessage()} ({dropped} similar lines suppressed in the last {now - last:.0f}s)"
             record.args = ()  # (not None: mode's formatter wraps None into (None,) and formats again)
         return True

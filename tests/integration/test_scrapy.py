@@ -102,7 +102,7 @@ def test_unreachable_broker_stops_the_crawl(tmp_path):
     with serve_site(dedup_site()) as base_url:
         crawl = _crawl(tmp_path, base_url, "STREAMDEDUP_BROKERS=127.0.0.1:1")
     assert crawl.returncode == 1
-    assert "ClientError: cannot connect to Kafka at 127.0.0.1:1" in crawl.stderr
+    assert "KafkaError: cannot connect to Kafka at 127.0.0.1:1" in crawl.stderr
     assert "downloader/response_count" not in crawl.stderr  # stopped before fetching anything
 
 
