@@ -94,3 +94,41 @@ def test_records_delivered_twice_are_taken_once_and_a_hole_is_filled(worker):
         assert worker.metrics.pages._value.get() == 25  # each record counted (taken) once
 
     asyncio.run(scenario())
+
+
+def test_a_record_skipped_between_two_delivered_ones_is_read_again_once(worker):
+    """faust can deliver offset 6 and drop 5 (a back-pressure resume racing the consumer's
+    current batch, docs/faust-notes.md §10): the worker seeks back to 5, and a hole that is
+    still there after that one re-read (transaction markers) is let be."""
+    pages = worker.settings.pages_topic
+    worker._assigned = {TP(pages, 2)}
+    seeks: list[tuple[int, int]] = []
+
+    async def reread(tp, offset, generation):
+        seeks.append((tp.partition, offset))
+
+    worker._reread = reread
+
+    def deliver(offset: int) -> None:  # what the pages agent does with each event
+        worker._check_hole(2, offset)
+        worker._seen[2] = max(worker._seen.get(2, 0), offset + 1)
+
+    async def scenario() -> None:
+        for offset in (3, 4, 6):
+            deliver(offset)
+        await asyncio.sleep(0)
+        assert seeks == [(2, 5)]
+        for offset in (5, 6, 7):  # the re-read: nothing new is missing
+            deliver(offset)
+        deliver(9)  # a hole at 8 again after its re-read: re-read once more, for 8
+        deliver(8)
+        deliver(9)
+        deliver(11)  # a marker at 10: re-read once...
+        await asyncio.sleep(0)
+        assert seeks == [(2, 5), (2, 8), (2, 10)]
+        worker._seen[2] = 10  # ...and after the seek 11 comes again without 10: let be
+        deliver(11)
+        await asyncio.sleep(0)
+        assert seeks == [(2, 5), (2, 8), (2, 10)]
+
+    asyncio.run(scenario())
