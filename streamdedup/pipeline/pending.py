@@ -188,6 +188,19 @@ class Pending:
             self._requests.pop(w.request, None)
         w.reason, w.error, w.missing, w.best, w.best_group = reason, error, 0, None, -1
 
+    def waiting(self, request: int) -> Waiting | None:
+        """The record waiting for ``request``'s answers (None: unknown or done)."""
+        return self._requests.get(request)
+
+    def fail_request(self, request: int, reason: str, error: str) -> int | None:
+        """A stage gave up on a waiting page: it becomes a dead letter in its place.  Returns its
+        partition (None: unknown request, or a check, which is only forgotten)."""
+        w = self._requests.pop(request, None)
+        if w is None or w.partition < 0:
+            return None
+        w.reason, w.error, w.missing, w.best = reason, error, 0, None
+        return w.partition
+
     def answer_one(self, request: int, group: int, distance: int, match: tuple | None = None) -> int | None:
         """Record one group's answer; returns the page's partition (None: unknown request)."""
         w = self._requests.get(request)

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import struct
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,11 +30,12 @@ from streamdedup.pipeline.intake import Intake, Record, fingerprint_contents, pa
 from streamdedup.pipeline.pending import Pending, Waiting
 from streamdedup.pipeline.routing import Topics
 from streamdedup.pipeline.shard import ShardPlan, shard_step
-from streamdedup.pipeline.wire import ANSWERS, CHANGELOG, PROBES, Batch, decode, encode
+from streamdedup.pipeline.wire import ANSWERS, CHANGELOG, PROBES, Batch, decode, encode, kind_of
 from streamdedup.settings import Settings
 from streamdedup.stream.check import Checker
 from streamdedup.stream.connection import faust_broker_url, faust_credentials
 from streamdedup.stream.gauges import Gauges
+from streamdedup.stream.logs import install as rate_limit_client_logs
 from streamdedup.stream.metrics import Metrics, setup_faust_sensor
 from streamdedup.stream.outbox import Outbox, latency_seconds
 from streamdedup.stream.pool import fingerprint_pool
@@ -43,8 +46,16 @@ __all__ = ["Worker", "internal_topics", "table_design"]
 log = logging.getLogger("streamdedup.worker")
 RAW = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 MAX_ROWS = 2000  # rows per internal message (a row is 48 bytes plus its id and url)
-MAX_MESSAGE_BYTES = 512 * 1024
-CHECKS_PER_PROCESS = 4  # POST /check requests in progress per fingerprinting process; 503 beyond  # bytes of rows per internal message: half the broker's default limit
+MAX_MESSAGE_BYTES = 512 * 1024  # bytes of rows per internal message: half the broker's default limit
+CHECKS_PER_PROCESS = 4  # POST /check requests in progress per fingerprinting process; 503 beyond
+# a failing shard or answers batch is tried this many times, waiting RETRY_FIRST seconds after
+# the first failure and twice as long after each next one (at most RETRY_MAX): 0.2+0.4+0.8+1.6 s
+RETRY_ATTEMPTS, RETRY_FIRST, RETRY_MAX = 5, 0.2, 5.0
+HOLE_RECHECK_SECONDS = 1.0  # a hole in a pages partition is re-read after this (see _check_hole)
+FAILED = -2  # an answer row's distance when its shard gave up on the probe (the id column holds why)
+#: test hook, never set in production: ``<stage>:<n>`` makes that stage (shard, answers) raise on
+#: its first n batches; ``<stage>:id=<text>`` on every batch holding a page whose id contains text
+FAULT_ENV = "TEST_STREAMDEDUP_FAULT"  # (not STREAMDEDUP_*: settings refuse unknown ones)
 
 
 def internal_topics(settings: Settings) -> dict[str, str]:
@@ -88,7 +99,11 @@ class Worker:
             on_error=lambda: self.metrics.errors.labels("answers").inc(),
         )
         self._buffer: list[Any] = []
-        self._taken: dict[int, int] = {}  # input partition -> the next offset not taken yet
+        self._taken: dict[int, set[int]] = {}  # input partition -> offsets taken and not yet committed
+        # bumped at every revocation: work started under an earlier assignment is dropped, never
+        # mixed into the next one (its records are read again from the committed offset)
+        self._generation = 0
+        self._holes: set[tuple[int, int]] = set()  # (partition, first skipped offset) re-read once
         self._seen: dict[int, int] = {}  # input partition -> the next offset not buffered yet
         # pages read but not yet judged, at most: bounds memory and latency, and lets the shard and
         # answers stages run instead of the pages stage reading a whole backlog first
@@ -103,7 +118,10 @@ class Worker:
         self._seq = 0
         self._recovery_started: float | None = None
         self._last_sent = time.monotonic()
+        self.faults = _Faults.from_env(os.environ.get(FAULT_ENV, ""))
         self.app = self._build_app()
+        # after faust and aiokafka are imported: a broker outage must not flood the log
+        rate_limit_client_logs()
 
     # ------------------------------------------------------------------ app and agents
     def _build_app(self) -> faust.App:
@@ -152,6 +170,7 @@ class Worker:
             async for event in stream.noack().events():
                 self._buffer.append(event)
                 m = event.message
+                self._check_hole(m.partition, m.offset)
                 self._seen[m.partition] = max(self._seen.get(m.partition, 0), m.offset + 1)
                 if len(self._buffer) >= s.batch_size:
                     self._kick()  # never await here: faust drops events when an agent's body blocks
@@ -163,28 +182,24 @@ class Worker:
                 if self._buffer:
                     self._kick(partial=True)
 
+        # faust acks a take_events batch once the body is done, even if it raised: a failing
+        # batch is retried here, and if it keeps failing its pages get dead letters (give_up_*)
         @app.agent(self.probes_topic, name="shards")
         async def shard_agent(stream):
             async for events in stream.take_events(256, within=s.batch_timeout / 2):
                 t0 = time.perf_counter()
-                try:
-                    await self.on_probes(events)
-                except Exception:
-                    self.metrics.errors.labels("shard").inc()
-                    log.exception("shard stage failed on %d messages", len(events))
+                error = await self._retrying("shard", self.on_probes, events)
+                if error is not None:
+                    await self._give_up_probes(events, error)
                 self.metrics.batch_seconds.labels("shard").observe(time.perf_counter() - t0)
 
         @app.agent(self.answers_topic, name="answers")
         async def answers_agent(stream):
             async for events in stream.take_events(1024, within=s.batch_timeout / 2):
                 t0 = time.perf_counter()
-                try:
-                    batch = decode([e.value for e in events], ANSWERS)
-                    for p in sorted(self.pending.answer(batch)):
-                        self.outbox.schedule(p)
-                except Exception:
-                    self.metrics.errors.labels("answers").inc()
-                    log.exception("answers stage failed on %d messages", len(events))
+                error = await self._retrying("answers", self.on_answers, events)
+                if error is not None:
+                    self._give_up_answers(events, error)
                 self.metrics.batch_seconds.labels("answers").observe(time.perf_counter() - t0)
 
         answers_name = self.answers_topic.get_topic_name()
@@ -248,6 +263,7 @@ class Worker:
 
         @app.on_partitions_revoked.connect
         async def on_revoked(sender, revoked, **kwargs):
+            self._generation += 1  # first, before any await: batches in flight now are stale
             self.metrics.rebalances.inc()
             gone = {tp.partition for tp in revoked if tp.topic == s.pages_topic}
             self._buffer = [e for e in self._buffer if e.message.partition not in gone]
@@ -263,17 +279,46 @@ class Worker:
             self._assigned = set(assigned)
             self._recovery_started = time.monotonic()
             self.metrics.recovery_restored.set(0)
+            await self._seek_uncommitted({tp for tp in assigned if tp.topic == s.pages_topic})
 
         return app
+
+    async def _seek_uncommitted(self, tps: set) -> None:
+        """Seek the pages partitions that have no committed offset yet to their first record.
+        faust seeks only partitions with a committed offset, and a pages partition this worker
+        took over before any offset was committed was never fetched (docs/faust-notes.md §9).
+        The partitions are paused until recovery ends, so the position holds until then."""
+        if not tps:
+            return
+        try:
+            committed = await self.app.consumer.seek_to_committed()
+            missing = [tp for tp in tps if committed.get(tp) is None or committed[tp] < 0]
+            if missing:
+                earliest = await self.app.consumer.earliest_offsets(*missing)
+                for tp in missing:
+                    await self.app.consumer.seek(tp, earliest.get(tp) or 0)
+                log.info(
+                    "no committed offset yet for pages partitions %s: reading them from the start",
+                    sorted(tp.partition for tp in missing),
+                )
+        except Exception:
+            log.exception("cannot seek the uncommitted pages partitions %s", sorted(tp.partition for tp in tps))
 
     @property
     def store(self) -> ShardStore:
         return self.table.data  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ stage 1: pages
-    async def drain(self, events: list) -> None:
+    async def drain(self, events: list, generation: int | None = None) -> None:
         """Judge a batch of events: parse here, fingerprint in the pool (or here), then register
-        and send the probes.  Batches register in the order they were taken from the buffer."""
+        and send the probes.  Batches register in the order they were taken from the buffer.
+
+        A batch taken under an earlier assignment (``generation``) is dropped, at the start and
+        again before it registers: its partitions were revoked, the new assignment reads them
+        again from the committed offset, and mixing the two loses records (docs/faust-notes.md §8)."""
+        generation = self._generation if generation is None else generation
+        if generation != self._generation:
+            return
         events = [e for e in events if self._take(e.message.partition, e.message.offset)]
         if not events:
             return
@@ -308,11 +353,18 @@ class Worker:
         try:
             if error is None:
                 fps, failed = await result if result is not None else fingerprint_contents(contents)
+                if generation != self._generation:
+                    raise _Stale()
                 intake = Intake.register(parsed, fps, failed, self.pending, self.plan)
+        except _Stale:
+            error = _Stale()
         except Exception as e:
             error = e
         try:
-            if error is not None:  # a bug, not bad input: never lose the records
+            if isinstance(error, _Stale) or generation != self._generation:
+                log.info("dropping a batch of %d records taken before a rebalance", len(records))
+                partitions = set()
+            elif error is not None:  # a bug, not bad input: never lose the records
                 self.metrics.errors.labels("pages").inc()
                 log.error(
                     "intake failed on %d records; sending them to the dead-letter topic", len(records), exc_info=error
@@ -345,10 +397,17 @@ class Worker:
     def _take(self, partition: int, offset: int) -> bool:
         """False for a record this assignment has taken already.  faust may deliver a partition's
         records before its recovery completes and then seek back to the committed offset it read
-        at the start: without this, records committed in between would be judged twice."""
-        if offset < self._taken.get(partition, -1):
+        at the start: without this, records committed in between would be judged twice.
+
+        Exactly the offsets taken, not a high-water mark: a record this assignment never took
+        is taken whenever it comes, so a hole in what faust delivered is filled on re-reading,
+        never skipped."""
+        if offset < self.outbox.committed.get(partition, -1):
             return False
-        self._taken[partition] = offset + 1
+        taken = self._taken.setdefault(partition, set())
+        if offset in taken:
+            return False
+        taken.add(offset)
         return True
 
     def _kick(self, partial: bool = False) -> None:
@@ -365,7 +424,7 @@ class Worker:
         ):
             events, self._buffer = self._buffer[:size], self._buffer[size:]
             self._in_flight += 1
-            task = asyncio.get_running_loop().create_task(self.drain(events))
+            task = asyncio.get_running_loop().create_task(self.drain(events, self._generation))
             task.add_done_callback(self._drained)
         backlog = len(self.pending) + len(self._buffer)
         tps = {tp for tp in self._assigned if tp.topic == self.settings.pages_topic}
@@ -374,15 +433,55 @@ class Worker:
             self._paused = True
         elif self._paused and backlog < self._max_waiting and self.app.tables.recovery.completed.is_set():
             self._paused = False
-            asyncio.get_running_loop().create_task(self._resume(tps))
+            asyncio.get_running_loop().create_task(self._resume(tps, self._generation))
 
-    async def _resume(self, tps: set) -> None:
+    async def _resume(self, tps: set, generation: int) -> None:
         # faust drops the records of a paused partition that were fetched already: read them
-        # again from the first one this worker has not seen (_take drops any seen twice)
+        # again from the first one this worker has not seen (_take drops any seen twice).  Not
+        # across a rebalance (recovery's `completed` stays set): the new assignment seeks and
+        # resumes its partitions itself, and an old seek or resume would cut into its recovery
         for tp in tps:
+            if generation != self._generation:
+                return
             if tp.partition in self._seen:
                 await self.app.consumer.seek(tp, self._seen[tp.partition])
-        self.app.consumer.resume_partitions(tps)
+        if generation == self._generation:
+            self.app.consumer.resume_partitions(tps)
+
+    def _check_hole(self, partition: int, offset: int) -> None:
+        """Read a partition again from the first offset it skipped, once per hole.
+
+        A record can be skipped between two delivered ones: a back-pressure resume (`_resume`)
+        races the consumer's current batch, which goes on yielding the partition's later records
+        after the seek, and faust's read offset then drops the re-fetched earlier one
+        (docs/faust-notes.md §10).  The outbox would commit past it.  So a hole in what the pages
+        agent receives is re-read; a hole that is still there after one re-read is real (the
+        offsets of transaction markers or compacted records) and is let be."""
+        expected = self._seen.get(partition)
+        if expected is None or offset <= expected or (partition, expected) in self._holes:
+            return
+        self._holes.add((partition, expected))
+        if len(self._holes) > 10_000:
+            self._holes.clear()
+        log.info("partition %d: offsets %d..%d were skipped; checking them again", partition, expected, offset - 1)
+        tp = next(
+            (tp for tp in self._assigned if tp.topic == self.settings.pages_topic and tp.partition == partition), None
+        )
+        if tp is not None:
+            asyncio.get_running_loop().create_task(self._reread(tp, expected, self._generation))
+
+    async def _reread(self, tp: Any, offset: int, generation: int) -> None:
+        # later, not at once: the batch that skipped the record may still be yielding the
+        # partition's later records, and each one it yields after the seek moves faust's read
+        # offset past the re-fetched one again (the same race); by then it is over
+        await asyncio.sleep(HOLE_RECHECK_SECONDS)
+        p = tp.partition
+        arrived = offset in self._taken.get(p, ()) or any(
+            e.message.partition == p and e.message.offset == offset for e in self._buffer
+        )
+        if generation == self._generation and not arrived and offset >= self.outbox.committed.get(p, -1):
+            log.info("partition %d: offset %d still missing; seeking back to it", p, offset)
+            await self.app.consumer.seek(tp, offset)
 
     def _drained(self, task: asyncio.Task) -> None:
         self._in_flight -= 1
@@ -394,8 +493,103 @@ class Worker:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
+    # ------------------------------------------------------------------ failures
+    async def _retrying(self, stage: str, attempt, events: list) -> Exception | None:
+        """Run ``attempt(events)`` until it succeeds, at most RETRY_ATTEMPTS times with exponential
+        backoff; returns the last error if it never did.  Every failure counts in the errors
+        metric.  (The shard stage is idempotent: a page stored by a failed attempt is not stored
+        twice, and a group answered twice counts once.)"""
+        delay = RETRY_FIRST
+        for n in range(1, RETRY_ATTEMPTS + 1):
+            try:
+                await attempt(events)
+                return None
+            except Exception as e:
+                self.metrics.errors.labels(stage).inc()
+                if n == RETRY_ATTEMPTS:
+                    log.error("%s stage failed %d times; giving up on the batch", stage, n, exc_info=e)
+                    return e
+                log.warning(
+                    "%s stage failed (attempt %d of %d): %r; retrying in %.1fs", stage, n, RETRY_ATTEMPTS, e, delay
+                )
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, RETRY_MAX)
+        return None  # (not reached)
+
+    async def _give_up_probes(self, events: list, error: Exception) -> None:
+        """Answer every probe of a batch the shard stage gave up on with FAILED, so the pages'
+        owners (this worker or another) send them to the dead-letter topic as internal_error."""
+        why = _describe(error, "shard stage")
+        replies: dict[int, list[Batch]] = defaultdict(list)
+        for e in events:
+            try:
+                if kind_of(e.value) != PROBES:  # a check's request times out on its own
+                    continue
+                probes = decode([e.value], PROBES)
+            except Exception:
+                log.exception("shard stage: an undecodable probes message (partition %d)", e.message.partition)
+                continue
+            dest = probes.rows["partition"]
+            failed = Batch.build(
+                group=probes.rows["group"],
+                fps=0,
+                fetched=0,
+                id_hash=0,
+                request=probes.rows["request"],
+                distance=FAILED,
+                partition=dest,
+                ids=[why] * len(probes),
+                urls=[""] * len(probes),
+                kind=ANSWERS,
+            )
+            for q in np.unique(dest).tolist():
+                replies[q].append(failed.select(dest == q))
+        try:
+            for q, parts in replies.items():
+                for chunk in _chunks(Batch.concat(parts)):
+                    await self.answers_topic.send(value=encode(chunk, ANSWERS), partition=q)
+        except Exception:
+            log.exception("shard stage: cannot send the failure answers; their pages wait for a restart")
+
+    def _give_up_answers(self, events: list, error: Exception) -> None:
+        """The answers stage gave up on a batch: every page it names becomes a dead letter."""
+        why = _describe(error, "answers stage")
+        touched: set[int] = set()
+        for e in events:
+            try:
+                batch = decode([e.value], ANSWERS)
+            except Exception:
+                log.exception("answers stage: an undecodable answers message (partition %d)", e.message.partition)
+                continue
+            for request in batch.rows["request"].tolist():
+                if (p := self.pending.fail_request(request, "internal_error", why)) is not None:
+                    touched.add(p)
+        for p in sorted(touched):
+            self.outbox.schedule(p)
+
+    # ------------------------------------------------------------------ stage 3: answers
+    async def on_answers(self, events: list) -> None:
+        batch = decode([e.value for e in events], ANSWERS)
+        if self.faults:
+            waiting = [self.pending.waiting(r) for r in batch.rows["request"].tolist()]
+            self.faults.check("answers", [w.page_id or "" for w in waiting if w is not None])
+        failed = batch.rows["distance"] == FAILED
+        touched: set[int] = set()
+        if failed.any():  # a shard gave up on these probes: their pages are dead letters
+            gave_up = batch.select(failed)
+            for request, why in zip(gave_up.rows["request"].tolist(), gave_up.ids()):
+                if (p := self.pending.fail_request(request, "internal_error", why)) is not None:
+                    touched.add(p)
+            batch = batch.select(~failed)
+        touched |= self.pending.answer(batch)
+        for p in sorted(touched):
+            self.outbox.schedule(p)
+
     # ------------------------------------------------------------------ stage 2: shards
     async def on_probes(self, events: list) -> None:
+        if self.faults:
+            probes = [e.value for e in events if kind_of(e.value) == PROBES]
+            self.faults.check("shard", decode(probes, PROBES).ids() if probes else [])
         step = shard_step(self.store.shard, [(e.message.partition, e.value) for e in events])
         for s, n in step.skipped:
             log.error("shard %d: skipping %d messages that are not probes", s, n)
@@ -425,6 +619,8 @@ class Worker:
 
     # ------------------------------------------------------------------ metrics
     def _on_sent(self, done: list[Waiting]) -> None:
+        for w in done:  # committed: below outbox.committed from now on
+            self._taken.get(w.partition, set()).discard(w.offset)
         self._kick()  # room for more
         self._last_sent = time.monotonic()
         m, now = self.metrics, time.time()
@@ -444,6 +640,42 @@ class Worker:
     def _on_recovered(self) -> None:
         if self._recovery_started is not None:
             self.metrics.recovery_seconds.set(time.monotonic() - self._recovery_started)
+
+
+class _Stale(Exception):
+    """A batch taken under an assignment that has been revoked since."""
+
+
+class _Faults:
+    """The test hook behind FAULT_ENV (documented there); empty and falsy unless it is set."""
+
+    def __init__(self, stage: str = "", times: int = 0, match: str | None = None) -> None:
+        self.stage, self.times, self.match = stage, times, match
+
+    @classmethod
+    def from_env(cls, spec: str) -> _Faults:
+        if not spec:
+            return cls()
+        stage, _, what = spec.partition(":")
+        if what.startswith("id="):
+            return cls(stage, 0, what[3:])
+        return cls(stage, int(what or "1"))
+
+    def __bool__(self) -> bool:
+        return bool(self.stage)
+
+    def check(self, stage: str, ids: list[str]) -> None:
+        if stage != self.stage:
+            return
+        if self.match is not None and any(self.match in i for i in ids):
+            raise RuntimeError(f"injected {stage} failure (test hook {FAULT_ENV}, id contains {self.match!r})")
+        if self.match is None and self.times > 0:
+            self.times -= 1
+            raise RuntimeError(f"injected {stage} failure (test hook {FAULT_ENV}, {self.times} more to come)")
+
+
+def _describe(error: Exception, stage: str) -> str:
+    return f"{stage} failed {RETRY_ATTEMPTS} times: {type(error).__name__}: {error}"[:1000]
 
 
 def _chunks(batch: Batch):

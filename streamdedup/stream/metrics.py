@@ -122,8 +122,9 @@ class Metrics:
             errors=Counter(
                 "streamdedup_errors",
                 "Unexpected errors, by stage. pages: the batch went to the "
-                "dead-letter topic (internal_error); shard, answers: the batch's pages wait until a "
-                "restart replays them.",
+                "dead-letter topic (internal_error); shard, answers: one failed attempt (a batch is "
+                "retried with backoff, and after 5 failures its pages go to the dead-letter topic as "
+                "internal_error); answers also counts failed flushes.",
                 ["stage"],
                 **r,
             ),

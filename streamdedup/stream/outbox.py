@@ -41,6 +41,7 @@ from streamdedup.settings import Settings
 __all__ = ["Outbox"]
 
 log = logging.getLogger(__name__)
+FLUSH_ATTEMPTS = 5  # a flush that fails this often in a row (not a Kafka error) dead-letters its head
 
 #: Errors that are about the record sent, not the connection or the transaction: retrying the
 #: same record cannot help.
@@ -76,6 +77,7 @@ class Outbox:
         self._tasks: dict[int, asyncio.Task] = {}
         self._suspects: dict[int, dict[int, str]] = {}  # partition -> offset -> why its send failed
         self._shrink: dict[tuple[int, int], int] = {}  # (partition, offset) -> dead letter shrink level
+        self._failures: dict[int, int] = {}  # partition -> flushes failed in a row (not Kafka errors)
 
     def _lock(self, partition: int) -> asyncio.Lock:
         return self._locks.setdefault(partition, asyncio.Lock())
@@ -111,10 +113,16 @@ class Outbox:
             self._dirty.discard(partition)
             try:
                 await self.flush(partition)
-            except Exception:  # a bug: keep the records (they wait) and say so
+                self._failures.pop(partition, None)
+            except Exception as e:  # a bug: retry with backoff; a head that keeps failing is dead-lettered
                 log.exception("partition %d: flush failed", partition)
                 if self.on_error is not None:
                     self.on_error()
+                n = self._failures[partition] = self._failures.get(partition, 0) + 1
+                if n % FLUSH_ATTEMPTS == 0:
+                    self._give_up(partition, e)
+                self._schedule_retry(partition, min(0.2 * 2 ** (n - 1), 5.0))
+                return
 
     async def flush(self, partition: int) -> int:
         """Send and commit every done record at the head of ``partition``; returns how many."""
@@ -252,7 +260,7 @@ class Outbox:
             raise
         await producer.commit_transaction()
 
-    def _schedule_retry(self, partition: int) -> None:
+    def _schedule_retry(self, partition: int, delay: float = 1.0) -> None:
         if partition in self._retry:
             return
         loop = asyncio.get_running_loop()
@@ -261,7 +269,17 @@ class Outbox:
             self._retry.pop(partition, None)
             self.schedule(partition)
 
-        self._retry[partition] = loop.call_later(1.0, fire)
+        self._retry[partition] = loop.call_later(delay, fire)
+
+    def _give_up(self, partition: int, error: Exception) -> None:
+        """The head of ``partition`` failed to flush FLUSH_ATTEMPTS times: its records go to the
+        dead-letter topic as internal_error, so the partition moves on."""
+        why = f"flush failed {FLUSH_ATTEMPTS} times: {type(error).__name__}: {error}"[:1000]
+        for w in self.pending.ready(partition):
+            if w.reason is None:
+                self.pending.fail(
+                    partition, w.offset, "internal_error", why, key=w.key, value=w.value, headers=w.headers
+                )
 
     async def _close(self, partition: int) -> None:
         p = self._producers.pop(partition, None)
