@@ -37,6 +37,7 @@ from streamdedup.pipeline.wire import CHANGELOG, decode
 __all__ = ["ShardStore", "SCHEME", "snapshot_meta", "stale_snapshot", "load_snapshot"]
 
 SCHEME = "sdshard"  # the faust store URL scheme (not the fingerprint scheme)
+END_OFFSETS_TIMEOUT = 5.0  # seconds a rebalance waits for the changelog's end offsets
 log = logging.getLogger(__name__)
 
 
@@ -242,9 +243,10 @@ class ShardStore(base.Store):
         unloaded = [tp for tp in mine if tp.partition not in self.shards]
         if unloaded and self.data_dir is not None:
             try:
-                ends = await self.app.consumer.highwaters(*unloaded)
+                # bounded: a rebalance (and a SIGTERM during it) must not wait on a slow offsets request
+                ends = await asyncio.wait_for(self.app.consumer.highwaters(*unloaded), END_OFFSETS_TIMEOUT)
                 self.ends.update({tp.partition: int(end) for tp, end in ends.items() if end is not None})
-            except Exception as e:  # recovery reads them again; _end_offset falls back to those
+            except (TimeoutError, Exception) as e:  # recovery reads them again; _end_offset falls back
                 log.warning("cannot read the end offsets of %s: %s", topic, e)
 
     async def on_recovery_completed(self, active_tps: set[TP], standby_tps: set[TP]) -> None:
