@@ -19,7 +19,7 @@ import struct
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import faust
 import numpy as np
@@ -44,7 +44,7 @@ from streamdedup.stream.store import SCHEME, ShardStore
 __all__ = ["Worker", "internal_topics", "table_design"]
 
 log = logging.getLogger("streamdedup.worker")
-RAW = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+RAW: dict[str, Any] = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 MAX_ROWS = 2000  # rows per internal message (a row is 48 bytes plus its id and url)
 MAX_MESSAGE_BYTES = 512 * 1024  # bytes of rows per internal message: half the broker's default limit
 CHECKS_PER_PROCESS = 4  # POST /check requests in progress per fingerprinting process; 503 beyond
@@ -231,11 +231,12 @@ class Worker:
                         status, payload, headers = 413, too_large, {}
                     else:
                         unread = False
+                        assert body is not None  # read within the limit
                         status, payload, headers = await checker.check(body)
                 metrics.check_seconds.labels(str(status)).observe(time.perf_counter() - t0)
                 response = self.json(payload, status=status, headers=headers or None)
                 if unread:
-                    response.force_close()
+                    cast(Any, response).force_close()  # aiohttp's Response under faust's type
                 return response
 
             async def head(self, request):
@@ -250,7 +251,7 @@ class Worker:
                 s.pages_topic,
                 self.outbox.committed,
             )
-            self.gauges.update_recovery(self.app.tables.recovery)
+            self.gauges.update_recovery(cast(Any, self.app.tables).recovery)
             if (len(self.pending) or self._buffer) and time.monotonic() - self._last_sent > 30:
                 log.warning(
                     "no verdict committed for %.0fs: %s; %d records buffered, %d batches in flight; outbox: %s",
@@ -261,7 +262,7 @@ class Worker:
                     self.outbox.describe(),
                 )
 
-        @app.on_partitions_revoked.connect
+        @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # (faust's stub wants a signal= kwarg)
         async def on_revoked(sender, revoked, **kwargs):
             self._generation += 1  # first, before any await: batches in flight now are stale
             self.metrics.rebalances.inc()
@@ -273,7 +274,7 @@ class Worker:
                 await self.outbox.revoke(p)
             self._paused = False  # a new assignment starts unpaused
 
-        @app.on_partitions_assigned.connect
+        @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # (as above)
         async def on_assigned(sender, assigned, **kwargs):
             self.outbox.owned = {tp.partition for tp in assigned if tp.topic == s.pages_topic}
             self._assigned = set(assigned)
@@ -291,7 +292,7 @@ class Worker:
         if not tps:
             return
         try:
-            committed = await self.app.consumer.seek_to_committed()
+            committed = await cast(Any, self.app.consumer).seek_to_committed()  # faust's Consumer has it
             missing = [tp for tp in tps if committed.get(tp) is None or committed[tp] < 0]
             if missing:
                 earliest = await self.app.consumer.earliest_offsets(*missing)
@@ -337,6 +338,7 @@ class Worker:
         t0 = time.perf_counter()
         ticket = self._tickets
         self._tickets += 1
+        error: Exception | None
         try:
             parsed = parse(records, self.settings.max_page_bytes)
             contents = parsed.contents()
@@ -355,6 +357,7 @@ class Worker:
                 fps, failed = await result if result is not None else fingerprint_contents(contents)
                 if generation != self._generation:
                     raise _Stale()
+                assert parsed is not None  # no error: parsed
                 intake = Intake.register(parsed, fps, failed, self.pending, self.plan)
         except _Stale:
             error = _Stale()
@@ -431,7 +434,7 @@ class Worker:
         if not self._paused and backlog >= 2 * self._max_waiting and tps:
             self.app.consumer.pause_partitions(tps)
             self._paused = True
-        elif self._paused and backlog < self._max_waiting and self.app.tables.recovery.completed.is_set():
+        elif self._paused and backlog < self._max_waiting and cast(Any, self.app.tables).recovery.completed.is_set():
             self._paused = False
             asyncio.get_running_loop().create_task(self._resume(tps, self._generation))
 
