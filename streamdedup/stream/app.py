@@ -51,6 +51,7 @@ CHECKS_PER_PROCESS = 4  # POST /check requests in progress per fingerprinting pr
 # a failing shard or answers batch is tried this many times, waiting RETRY_FIRST seconds after
 # the first failure and twice as long after each next one (at most RETRY_MAX): 0.2+0.4+0.8+1.6 s
 RETRY_ATTEMPTS, RETRY_FIRST, RETRY_MAX = 5, 0.2, 5.0
+OFFSETS_TIMEOUT = 10.0  # seconds a rebalance callback waits for an offsets request
 HOLE_RECHECK_SECONDS = 1.0  # a hole in a pages partition is re-read after this (see _check_hole)
 FAILED = -2  # an answer row's distance when its shard gave up on the probe (the id column holds why)
 #: test hook, never set in production: ``<stage>:<n>`` makes that stage (shard, answers) raise on
@@ -292,10 +293,11 @@ class Worker:
         if not tps:
             return
         try:
-            committed = await cast(Any, self.app.consumer).seek_to_committed()  # faust's Consumer has it
+            # bounded: a SIGTERM during the rebalance must not wait on a slow offsets request
+            committed = await asyncio.wait_for(cast(Any, self.app.consumer).seek_to_committed(), OFFSETS_TIMEOUT)
             missing = [tp for tp in tps if committed.get(tp) is None or committed[tp] < 0]
             if missing:
-                earliest = await self.app.consumer.earliest_offsets(*missing)
+                earliest = await asyncio.wait_for(self.app.consumer.earliest_offsets(*missing), OFFSETS_TIMEOUT)
                 for tp in missing:
                     await self.app.consumer.seek(tp, earliest.get(tp) or 0)
                 log.info(
