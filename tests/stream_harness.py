@@ -140,7 +140,9 @@ class WorkerProcess:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(10)
 
-    def stop(self, timeout: float = 30.0) -> int:
+    def stop(self, timeout: float = 60.0) -> int:
+        # 60 s: under load, faust's shutdown can wait on an offsets request that a rebalance callback
+        # made (aiokafka's request timeout is 40 s); a worker that has not stopped by then fails the test.
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else 0
         self.proc.send_signal(signal.SIGTERM)

@@ -112,6 +112,7 @@ class Worker:
         self._in_flight = 0  # batches being judged: at most 2 (one fingerprinting, one queued)
         self._paused = False
         self._assigned: set = set()
+        self._seek_task: asyncio.Future | None = None  # the seek of uncommitted pages partitions (on_assigned)
         self._turn = asyncio.Condition()
         self._tickets = self._next_ticket = 0
         self._pool = fingerprint_pool(s.fingerprint_processes) if s.fingerprint_processes else None
@@ -281,7 +282,12 @@ class Worker:
             self._assigned = set(assigned)
             self._recovery_started = time.monotonic()
             self.metrics.recovery_restored.set(0)
-            await self._seek_uncommitted({tp for tp in assigned if tp.topic == s.pages_topic})
+            # Not awaited here: an offsets request made inside the rebalance callback waits on the
+            # consumer that is running the rebalance (a SIGTERM then hung past 30 s).  The partitions
+            # stay paused until recovery ends, so the seek still lands before they are read.
+            self._seek_task = asyncio.ensure_future(
+                self._seek_uncommitted({tp for tp in assigned if tp.topic == s.pages_topic})
+            )
 
         return app
 
@@ -293,7 +299,6 @@ class Worker:
         if not tps:
             return
         try:
-            # bounded: a SIGTERM during the rebalance must not wait on a slow offsets request
             committed = await asyncio.wait_for(cast(Any, self.app.consumer).seek_to_committed(), OFFSETS_TIMEOUT)
             missing = [tp for tp in tps if committed.get(tp) is None or committed[tp] < 0]
             if missing:
