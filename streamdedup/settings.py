@@ -364,16 +364,7 @@ class Settings:
         ):
             if sasl and getattr(self, name) is None:
                 raise _error(name, f"is required with {protocol}; {needed}")
-        for name in (
-            "sasl_mechanism",
-            "sasl_username",
-            "sasl_password",
-            "sasl_password_file",
-            "ssl_cafile",
-            "ssl_certfile",
-            "ssl_keyfile",
-            "ssl_key_password",
-        ):
+        for name in SECURITY_FIELDS:
             kind, on = ("SASL", sasl) if name.startswith("sasl") else ("SSL", tls)
             if not on and getattr(self, name) is not None:
                 raise _error(
@@ -483,6 +474,20 @@ class Settings:
         if self.security_protocol in SSL_PROTOCOLS:
             kw["ssl_context"] = self.ssl_context()
         return kw
+
+
+#: The SASL and TLS credentials: each needs its security protocol (checked in ``_check_combinations``), and every
+#: command that talks to Kafka takes them (``cli.options.CONNECTION``).
+SECURITY_FIELDS = (
+    "sasl_mechanism",
+    "sasl_username",
+    "sasl_password",
+    "sasl_password_file",
+    "ssl_cafile",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_key_password",
+)
 
 
 def _meta(name: str) -> Mapping[str, Any]:

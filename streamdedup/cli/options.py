@@ -29,27 +29,14 @@ from typing import Any, TypeVar
 import click
 
 from streamdedup.errors import SettingsError
-from streamdedup.settings import Settings
+from streamdedup.settings import SECURITY_FIELDS, Settings
 
 __all__ = ["CONNECTION", "PRODUCE", "SCAN", "VERDICTS", "settings_from_click", "settings_options"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: How to reach Kafka, and how much the client logs: every command that talks to Kafka.
-CONNECTION = (
-    "brokers",
-    "security_protocol",
-    "sasl_mechanism",
-    "sasl_username",
-    "sasl_password",
-    "sasl_password_file",
-    "ssl_cafile",
-    "ssl_certfile",
-    "ssl_keyfile",
-    "ssl_key_password",
-    "ssl_check_hostname",
-    "log_level",
-)
+CONNECTION = ("brokers", "security_protocol", *SECURITY_FIELDS, "ssl_check_hostname", "log_level")
 #: ``streamdedup produce``: the pages topic, and the size limit it checks before sending.
 PRODUCE = CONNECTION + ("pages_topic", "max_page_bytes")
 #: ``streamdedup scan``: the algorithm and its parameters, and the batch and page size limits.
