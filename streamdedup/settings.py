@@ -269,6 +269,14 @@ class Settings:
         _float(0, None, "use e.g. 300 seconds"),
         "SECONDS",
     )
+    stop_timeout: float = _f(
+        "--stop-timeout",
+        25.0,
+        "Seconds a stop (SIGTERM/SIGINT) may take before the worker exits anyway; nothing is lost, "
+        "the pages not yet committed are judged again by whoever takes the partition (0: no limit).",
+        _float(0, None, "use e.g. 25 seconds, below the orchestrator's grace period (30 s on Kubernetes)"),
+        "SECONDS",
+    )
     standby_replicas: int = _f(
         "--standby-replicas",
         0,

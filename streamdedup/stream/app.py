@@ -55,8 +55,11 @@ OFFSETS_TIMEOUT = 10.0  # seconds a rebalance callback waits for an offsets requ
 HOLE_RECHECK_SECONDS = 1.0  # a hole in a pages partition is re-read after this (see _check_hole)
 FAILED = -2  # an answer row's distance when its shard gave up on the probe (the id column holds why)
 #: test hook, never set in production: ``<stage>:<n>`` makes that stage (shard, answers) raise on
-#: its first n batches; ``<stage>:id=<text>`` on every batch holding a page whose id contains text
+#: its first n batches; ``<stage>:id=<text>`` on every batch holding a page whose id contains text;
+#: ``stop`` makes a stop (SIGTERM) hang, for the stop deadline; ``check:id=<text>`` makes a POST
+#: /check whose body contains text answer CHECK_FAULT_DELAY seconds late
 FAULT_ENV = "TEST_STREAMDEDUP_FAULT"  # (not STREAMDEDUP_*: settings refuse unknown ones)
+CHECK_FAULT_DELAY = 2.0
 
 
 def internal_topics(settings: Settings) -> dict[str, str]:
@@ -214,7 +217,7 @@ class Worker:
             pool=self._pool,
             max_concurrent=CHECKS_PER_PROCESS * max(1, s.fingerprint_processes),
         )
-        metrics = self.metrics
+        metrics, faults = self.metrics, self.faults
 
         @app.page("/check")
         class CheckView(faust.web.View):
@@ -234,6 +237,8 @@ class Worker:
                     else:
                         unread = False
                         assert body is not None  # read within the limit
+                        if faults.stage == "check" and faults.match and faults.match.encode() in body:
+                            await asyncio.sleep(CHECK_FAULT_DELAY)  # the test hook: a slow answer
                         status, payload, headers = await checker.check(body)
                 metrics.check_seconds.labels(str(status)).observe(time.perf_counter() - t0)
                 response = self.json(payload, status=status, headers=headers or None)
@@ -288,6 +293,13 @@ class Worker:
             self._seek_task = asyncio.ensure_future(
                 self._seek_uncommitted({tp for tp in assigned if tp.topic == s.pages_topic})
             )
+
+        if self.faults.stage == "stop":  # the test hook: a stop that never ends (see arm_stop_deadline)
+
+            @app.on_before_shutdown.connect  # type: ignore[arg-type]  # (as above)
+            async def hang(sender, **kwargs):
+                log.warning("stop hangs (test hook %s)", FAULT_ENV)
+                await asyncio.Event().wait()
 
         return app
 

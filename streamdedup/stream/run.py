@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import threading
 import time
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
@@ -15,7 +18,14 @@ from streamdedup.errors import ClientError, TopicError
 from streamdedup.pipeline.routing import OUTPUT_OVERHEAD_BYTES
 from streamdedup.settings import Settings
 
-__all__ = ["TopicError", "ensure_topics", "run_worker", "needed_message_bytes", "check_message_bytes"]
+__all__ = [
+    "TopicError",
+    "arm_stop_deadline",
+    "ensure_topics",
+    "run_worker",
+    "needed_message_bytes",
+    "check_message_bytes",
+]
 
 log = logging.getLogger("streamdedup.worker")
 UNKNOWN_TOPIC_OR_PARTITION = 3  # Kafka's error code
@@ -142,7 +152,7 @@ def run_worker(settings: Settings) -> None:
     """Run until stopped (never returns: faust's Worker exits the process)."""
     import faust
 
-    from streamdedup.stream.app import Worker
+    from streamdedup.stream.app import Worker as Dedup
 
     logging.basicConfig(level=settings.log_level.upper())
     try:
@@ -155,8 +165,45 @@ def run_worker(settings: Settings) -> None:
     created = asyncio.run(ensure_topics(settings))
     if created:
         log.info("created topics: %s", ", ".join(created))
-    worker = Worker(settings)
+    worker = Dedup(settings)
+
+    class Worker(faust.Worker):  # (named so: its log lines read "[^Worker]: Ready")
+        def _schedule_shutdown(self, signal: Any) -> None:
+            arm_stop_deadline(settings.stop_timeout)
+            super()._schedule_shutdown(signal)
+
     try:
-        faust.Worker(worker.app, loglevel=settings.log_level, quiet=True).execute_from_commandline()
+        Worker(worker.app, loglevel=settings.log_level, quiet=True).execute_from_commandline()
     finally:
         worker.close()
+
+
+EXIT_STOP_TIMEOUT = 75  # EX_TEMPFAIL: stopped, but not cleanly (no snapshot); nothing is lost
+
+
+def arm_stop_deadline(seconds: float) -> threading.Timer | None:
+    """Exit the process ``seconds`` after a stop began if it has not ended by then.
+
+    faust's shutdown can wait on an offsets request that a rebalance callback made through its
+    consumer thread until aiokafka's request timeout (40 s), past an orchestrator's grace period
+    (docs/faust-notes.md §11).  Exiting at the deadline is the same as a SIGKILL, which loses
+    nothing: offsets are committed only for pages whose outputs the broker acknowledged, so the
+    next owner of a partition judges the rest again.  A thread, not a task: the event loop may be
+    the thing that is stuck.
+    """
+    if seconds <= 0:
+        return None
+
+    def expire() -> None:
+        log.error(
+            "the worker did not stop within %.0f s (--stop-timeout); exiting now without a snapshot "
+            "(nothing is lost: uncommitted pages are judged again by the next owner)",
+            seconds,
+        )
+        logging.shutdown()
+        os._exit(EXIT_STOP_TIMEOUT)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    return timer

@@ -149,3 +149,27 @@ def test_a_broker_outage_logs_a_few_lines_per_node_not_a_flood(tmp_path):
     # one node, a handful of kinds (connect, metadata, fetch, heartbeat, ...), each at most twice
     # in 15 s; without the limit this was thousands of lines (72,454 in 16 s in issue 15)
     assert len(errors) < 100, f"{len(errors)} error lines in 15 s of outage:\n" + "\n".join(errors[:30])
+
+
+def test_a_stop_that_hangs_ends_at_the_stop_deadline_and_a_restart_judges_the_rest(kafka, tmp_path):
+    """An orchestrator sends SIGTERM and kills after its grace period; the worker exits by itself at
+    --stop-timeout (exit code 75, a line that says why) and loses nothing: every page produced
+    before and after has exactly one outcome once a worker runs again."""
+    from streamdedup.stream.run import EXIT_STOP_TIMEOUT
+
+    topics = StreamTopics.fresh(kafka, partitions=2)
+    rng = np.random.default_rng(9)
+    first, later = pages(rng, "a", 10), pages(rng, "c", 5)
+    env = {FAULT_ENV: "stop", "STREAMDEDUP_STOP_TIMEOUT": "3"}
+    with WorkerProcess(kafka, topics, tmp_path, env=env) as worker:
+        produce(kafka, topics.pages, first)
+        wait_for_outcomes(kafka, topics, [r["id"] for r in first])
+        began = time.monotonic()
+        assert worker.stop(timeout=60) == EXIT_STOP_TIMEOUT
+        took = time.monotonic() - began
+        assert took < 30, f"the stop took {took:.0f} s with --stop-timeout 3"
+        assert "did not stop within 3 s (--stop-timeout)" in worker.log_tail(80)
+    produce(kafka, topics.pages, later)
+    with WorkerProcess(kafka, topics, tmp_path, name="w2"):
+        out = wait_for_outcomes(kafka, topics, [r["id"] for r in first + later])
+    assert out == {r["id"]: [("verdict", "unique", None)] for r in first + later}
