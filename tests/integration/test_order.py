@@ -129,3 +129,30 @@ def test_pairs_split_across_partitions_in_one_burst_flag_exactly_one_page(kafka,
         for w in procs:
             w.__exit__(None, None, None)
     exactly_one_of_each_pair(judged_once(out, records), pairs)
+
+
+def test_pairs_split_across_partitions_survive_a_sigkill(kafka, tmp_path):
+    """Two workers, pairs split across partitions in one burst; one worker is SIGKILLed mid-stream
+    and restarted: every page still has exactly one verdict and every pair exactly one flag
+    (replayed pages keep the place of their first insert in the shards)."""
+    records, pairs = planted(seed=21, n_pairs=200, n_alone=200)
+    topics = StreamTopics.fresh(kafka, partitions=4)
+    procs = [WorkerProcess(kafka, topics, tmp_path, name=f"w{i}") for i in range(2)]
+    try:
+        for w in procs:
+            w.start(timeout=90)
+        wait_for_group(kafka, topics.app_id, 2, timeout=90)
+        partitions = split(records, pairs)
+        produce(kafka, topics.pages, records, partitions=partitions)
+        before = wait_for_verdicts(kafka, topics, 40, timeout=90, to_end=False)
+        procs[0].kill()
+        assert sum(map(len, before["verdicts"].values())) < len(records), "the kill did not land mid-stream"
+        procs[0].start(timeout=90)
+        out = wait_for_verdicts(kafka, topics, len(records), timeout=240)
+    finally:
+        for w in procs:
+            w.__exit__(None, None, None)
+    where = dict(zip((r["url"] for r in records), partitions))
+    missing = sorted((where[r["url"]], r["url"]) for r in records if r["url"] not in out["verdicts"])
+    assert not missing, f"{len(missing)} pages have no verdict (partition, url): {missing[:10]}"
+    exactly_one_of_each_pair(judged_once(out, records), pairs)
