@@ -225,3 +225,88 @@ def test_string_heap_round_trip():
     assert [h[i] for i in range(len(values))] == values
     with pytest.raises(IndexError):
         h[len(values)]
+
+
+def answer_all(shard: Shard, plan: ShardPlan, fps, fetched, id_hash, ids, batch: int = 50) -> list:
+    """Every page's probes through one shard (a 1-partition plan), in batches: (distances, ids, urls)."""
+    out = []
+    for s in range(0, len(fps), batch):
+        sl = slice(s, s + batch)
+        n = len(fps[sl])
+        rep = np.repeat(np.arange(n), plan.n_groups)
+        g = np.tile(np.arange(plan.n_groups), n)
+        page_ids = [ids[sl][i] for i in rep.tolist()]
+        urls = [f"http://x.test/{x}/✓" for x in page_ids]
+        a = shard.probe_and_insert(g, fps[sl][rep], fetched[sl][rep], id_hash[sl][rep], page_ids, urls)
+        out.append((a.distance.tolist(), a.ids, a.urls))
+    return out
+
+
+def test_strings_in_files_answer_like_strings_in_memory_and_are_not_resident(tmp_path):
+    plan = ShardPlan(TableDesign.named("16"), 1)
+    fps, fetched, id_hash, ids = pages(11, 600)
+    ram, disk = Shard(plan), Shard(plan, str(tmp_path / "s"))
+    assert answer_all(disk, plan, fps, fetched, id_hash, ids) == answer_all(ram, plan, fps, fetched, id_hash, ids)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"s.g{g}.strings" for g in range(4)]
+    saved = sum(g.texts.size for g in ram._groups.values())
+    assert ram.nbytes - disk.nbytes == saved > 0
+
+
+def test_a_snapshot_with_string_files_answers_like_the_shard_it_was_taken_from(tmp_path):
+    """Saved, then more pages stored (their bytes reach the files), then loaded: the files are cut
+    back to the snapshot, and the loaded shard answers the later pages exactly as the live one did."""
+    plan = ShardPlan(TableDesign.named("16"), 1)
+    fps, fetched, id_hash, ids = pages(12, 400)
+    live = Shard(plan, str(tmp_path / "s"))
+    answer_all(live, plan, fps[:250], fetched[:250], id_hash[:250], ids[:250])
+    live.save(tmp_path / "s.npz", {"offset": 1})
+    expected = answer_all(live, plan, fps[250:], fetched[250:], id_hash[250:], ids[250:])
+    live.close()
+    loaded, meta = Shard.load(tmp_path / "s.npz", plan, str(tmp_path / "s"))
+    assert meta == {"offset": 1} and len(loaded) == 4 * len(
+        {(int(h), int(f)) for h, f in zip(id_hash[:250], fps[:250])}
+    )
+    assert answer_all(loaded, plan, fps[250:], fetched[250:], id_hash[250:], ids[250:]) == expected
+
+
+def test_a_snapshot_of_strings_in_memory_loads_into_string_files(tmp_path):
+    plan = ShardPlan(TableDesign.named("16"), 1)
+    fps, fetched, id_hash, ids = pages(13, 300)
+    ram = Shard(plan)
+    answer_all(ram, plan, fps[:200], fetched[:200], id_hash[:200], ids[:200])
+    ram.save(tmp_path / "s.npz")
+    expected = answer_all(ram, plan, fps[200:], fetched[200:], id_hash[200:], ids[200:])
+    loaded, _ = Shard.load(tmp_path / "s.npz", plan, str(tmp_path / "s"))
+    assert answer_all(loaded, plan, fps[200:], fetched[200:], id_hash[200:], ids[200:]) == expected
+    assert all(g.texts.path is not None for g in loaded._groups.values())
+
+
+@pytest.mark.parametrize("damage", ["missing", "short", "foreign"])
+def test_a_missing_damaged_or_foreign_string_file_is_refused(tmp_path, damage):
+    plan = ShardPlan(TableDesign.named("16"), 1)
+    fps, fetched, id_hash, ids = pages(14, 200)
+    live = Shard(plan, str(tmp_path / "s"))
+    answer_all(live, plan, fps, fetched, id_hash, ids)
+    live.save(tmp_path / "s.npz")
+    live.close()
+    f = tmp_path / "s.g2.strings"
+    if damage == "missing":
+        f.unlink()
+    elif damage == "short":
+        f.write_bytes(f.read_bytes()[:-10])
+    else:  # the same length, other bytes: another shard's file
+        f.write_bytes(bytes(reversed(f.read_bytes())))
+    why = {"missing": "cannot open the string file", "short": "is shorter", "foreign": "does not hold"}[damage]
+    with pytest.raises(ValueError, match=why):
+        Shard.load(tmp_path / "s.npz", plan, str(tmp_path / "s"))
+
+
+def test_a_file_backed_string_heap_round_trip(tmp_path):
+    h = StringHeap(tmp_path / "h")
+    values = ["http://a/", "", "ünïcode ✓", "x" * 5000] * 300
+    h.extend(values[:600])
+    h.extend_raw("".join(values[600:]).encode(), np.array([len(v.encode()) for v in values[600:]]))
+    assert [h[i] for i in range(len(values))] == values
+    assert h.nbytes == h._ends.nbytes and (tmp_path / "h").stat().st_size == h.size
+    reopened = StringHeap.open(tmp_path / "h", h.ends(), h.checksum())
+    assert [reopened[i] for i in range(len(values))] == values

@@ -269,6 +269,10 @@ class HammingIndex:
         """The (id, distance) of every stored fingerprint within ``k`` bits, nearest first."""
         return self.query_many([fingerprint], k)[0]
 
+    def fingerprints(self) -> np.ndarray:
+        """The stored fingerprints by row, removed rows included (a view: valid until the next add)."""
+        return self._fps[: self._n]
+
     def id_of(self, row: int) -> Hashable:
         """The id stored at a row returned by :meth:`search`."""
         return self._ids[row]
@@ -281,7 +285,9 @@ class HammingIndex:
         out = {
             "fps": self._fps[: self._n],
             "alive": self._alive[: self._n],
-            "ids": self._ids._ints.view(),
+            # ids that are the row numbers (a shard's) are not written: the array would say nothing
+            "ids": np.empty(0, np.int64) if self._ids.identity else self._ids.ints(),
+            "ids_are_rows": np.array(self._ids.identity),
             "k": np.array(self.k),
             "levels": np.array(self.design.levels),
             "only": np.array(self.design.only if self.design.only is not None else [], dtype=np.int64),
@@ -299,7 +305,8 @@ class HammingIndex:
         n = len(state["fps"])
         idx._reserve(n)
         idx._fps[:n], idx._alive[:n] = state["fps"], state["alive"]
-        idx._ids = _Ids(ints=state["ids"])
+        rows = "ids_are_rows" in state and bool(state["ids_are_rows"])
+        idx._ids = _Ids(rows=n) if rows else _Ids(ints=state["ids"])
         idx._n, idx._dead = n, int(n - state["alive"].sum())
         runs = sorted((k for k in state if k.startswith("run")), key=lambda k: int(k[3:]))
         idx._runs = [_Run(np.asarray(state[k])) for k in runs]
@@ -333,22 +340,40 @@ class HammingIndex:
 
 
 class _Ids:
-    """Ids by row: a numpy int64 column while every id is an int, a list once one is not."""
+    """Ids by row: nothing while every id is its own row number (``add_many(range(n, n + m), ...)``,
+    as the shards do), a numpy int64 column while every id is an int, a list once one is not."""
 
-    def __init__(self, ints: np.ndarray | None = None, objects: list | None = None) -> None:
+    def __init__(self, ints: np.ndarray | None = None, objects: list | None = None, rows: int | None = None) -> None:
+        self._rows = rows if ints is None and objects is None else None  # identity: row r has id r
+        if self._rows is None and ints is None and objects is None:
+            self._rows = 0
         self._ints = GrowingArray(np.int64)
         if ints is not None:
             self._ints.extend(ints)
         self._objects = objects
 
     def __len__(self) -> int:
+        if self._rows is not None:
+            return self._rows
         return len(self._objects) if self._objects is not None else len(self._ints)
 
     @property
+    def identity(self) -> bool:
+        return self._rows is not None
+
+    @property
     def nbytes(self) -> int:
+        if self._rows is not None:
+            return 0
         return 8 * len(self._objects) if self._objects is not None else self._ints.nbytes
 
     def extend(self, ids: Sequence[Hashable]) -> None:
+        if self._rows is not None:
+            if isinstance(ids, range) and ids.start == self._rows and ids.step == 1:
+                self._rows += len(ids)
+                return
+            self._ints.extend(np.arange(self._rows, dtype=np.int64))  # no longer the row numbers
+            self._rows = None
         if self._objects is None:
             as_ints = _int_ids(ids)
             if as_ints is not None:
@@ -358,9 +383,15 @@ class _Ids:
         self._objects.extend(ids)
 
     def __getitem__(self, row: int) -> Hashable:
+        if self._rows is not None:
+            if not 0 <= row < self._rows:
+                raise IndexError(row)
+            return row
         return self._objects[row] if self._objects is not None else int(self._ints.view()[row])
 
     def lookup(self, rows: np.ndarray) -> list[Hashable]:
+        if self._rows is not None:
+            return np.asarray(rows, dtype=np.int64).tolist()
         if self._objects is not None:
             return [self._objects[r] for r in rows.tolist()]
         return self._ints.view()[rows].tolist()
@@ -370,12 +401,17 @@ class _Ids:
             return np.array([r for r, x in enumerate(self._objects) if x == id], dtype=np.int64)
         if _int_ids([id]) is None:
             return np.empty(0, dtype=np.int64)
+        if self._rows is not None:
+            return np.array([id] if 0 <= int(id) < self._rows else [], dtype=np.int64)  # type: ignore[call-overload]
         return np.flatnonzero(self._ints.view() == id)
+
+    def ints(self) -> np.ndarray:
+        return np.arange(self._rows, dtype=np.int64) if self._rows is not None else self._ints.view()
 
     def keep(self, rows: np.ndarray) -> _Ids:
         if self._objects is not None:
             return _Ids(objects=[self._objects[r] for r in rows.tolist()])
-        return _Ids(ints=self._ints.view()[rows])
+        return _Ids(ints=self.ints()[rows])
 
 
 def _int_ids(ids: Sequence[Hashable]) -> np.ndarray | None:

@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
+import xxhash
 
 from streamdedup.engine.order import group_masks
 from streamdedup.fingerprinting.features import mix64
@@ -94,46 +95,112 @@ class ShardPlan:
 
 
 class StringHeap:
-    """Append-only strings in one bytearray with numpy offsets: no object per string.
+    """Append-only strings with numpy offsets: no object per string.
+
+    In memory (a bytearray), or, given ``path``, in an append-only file read back with
+    ``os.pread`` only for the strings an answer reports: then the bytes live in the OS page
+    cache, not in the worker's memory, and only the offsets (8 bytes a string) stay resident.
+    A file-backed heap is created empty (the file is truncated); :meth:`open` reopens one that
+    a snapshot describes, refusing a file that does not match it.
 
     >>> h = StringHeap(); h.extend(["a", "Ωb"]); h[1], len(h)
     ('Ωb', 2)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, path: os.PathLike[str] | str | None = None) -> None:
         self._data = bytearray()
         self._ends = np.zeros(1024, dtype=np.int64)
         self._n = 0
+        self._fd: int | None = None
+        self.path = None if path is None else os.fspath(path)
+        if self.path is not None:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    @classmethod
+    def open(cls, path: os.PathLike[str] | str, ends: np.ndarray, check: int) -> StringHeap:
+        """Reopen the file-backed heap a snapshot describes: ``ends`` of its strings and
+        ``check`` (:meth:`checksum` when the snapshot was taken).  Bytes appended after the
+        snapshot are cut off (the changelog replays them).  ValueError if the file is missing,
+        shorter than the snapshot says, or holds other bytes."""
+        heap = cls.__new__(cls)
+        heap._data, heap._n, heap.path = bytearray(), len(ends), os.fspath(path)
+        heap._ends = np.array(ends, dtype=np.int64)
+        size = int(ends[-1]) if len(ends) else 0
+        try:
+            heap._fd = os.open(heap.path, os.O_RDWR)
+        except OSError as e:
+            raise ValueError(f"cannot open the string file {heap.path}: {e}") from None
+        if os.fstat(heap._fd).st_size < size:
+            heap.close()
+            raise ValueError(f"the string file {heap.path} is shorter than its snapshot says ({size} bytes)")
+        os.ftruncate(heap._fd, size)
+        if heap.checksum() != check:
+            heap.close()
+            raise ValueError(f"the string file {heap.path} does not hold the strings its snapshot describes")
+        return heap
 
     def __len__(self) -> int:
         return self._n
 
     @property
+    def size(self) -> int:
+        """Bytes of string data."""
+        return int(self._ends[self._n - 1]) if self._n else 0
+
+    @property
     def nbytes(self) -> int:
-        return len(self._data) + self._ends.nbytes
+        """Resident bytes (a file-backed heap's data is not resident)."""
+        return (len(self._data) if self._fd is None else 0) + self._ends.nbytes
 
     def extend(self, values: list[str]) -> None:
-        if self._n + len(values) > len(self._ends):
-            self._ends = np.resize(self._ends, max(self._n + len(values), 2 * len(self._ends)))
-        for v in values:
-            self._data += v.encode("utf-8", "surrogatepass")
-            self._ends[self._n] = len(self._data)
-            self._n += 1
+        encoded = [v.encode("utf-8", "surrogatepass") for v in values]
+        self.extend_raw(b"".join(encoded), np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))
 
     def extend_raw(self, blob: bytes, lengths: np.ndarray) -> None:
         """Append strings given as one UTF-8 blob and their byte lengths (no decoding)."""
-        ends = len(self._data) + np.cumsum(lengths)
+        ends = self.size + np.cumsum(lengths, dtype=np.int64)
         if self._n + len(ends) > len(self._ends):
             self._ends = np.resize(self._ends, max(self._n + len(ends), 2 * len(self._ends)))
-        self._data += blob
+        if self._fd is None:
+            self._data += blob
+        else:
+            view, at = memoryview(blob), self.size
+            while len(view):  # (a write may be short)
+                done = os.pwrite(self._fd, view, at)
+                view, at = view[done:], at + done
         self._ends[self._n : self._n + len(ends)] = ends
         self._n += len(ends)
 
     def __getitem__(self, i: int) -> str:
         if not 0 <= i < self._n:
             raise IndexError(i)
-        start = int(self._ends[i - 1]) if i else 0
-        return self._data[start : int(self._ends[i])].decode("utf-8", "surrogatepass")
+        start, end = (int(self._ends[i - 1]) if i else 0), int(self._ends[i])
+        raw = self._data[start:end] if self._fd is None else os.pread(self._fd, end - start, start)
+        return raw.decode("utf-8", "surrogatepass")
+
+    def ends(self) -> np.ndarray:
+        return self._ends[: self._n]
+
+    def data(self) -> bytes:
+        """All string bytes (reads the whole file of a file-backed heap)."""
+        return bytes(self._data) if self._fd is None else os.pread(self._fd, self.size, 0)
+
+    def checksum(self) -> int:
+        """xxh64 of the size and of the data's first and last 64 KiB: enough to tell a file from
+        another heap's, without reading gigabytes at a restart."""
+        size, span = self.size, 1 << 16
+        if self._fd is None:
+            head, tail = bytes(self._data[:span]), bytes(self._data[max(0, size - span) : size])
+        else:
+            head = os.pread(self._fd, min(span, size), 0)
+            tail = os.pread(self._fd, min(span, size), max(0, size - span))
+        return xxhash.xxh64_intdigest(size.to_bytes(8, "little") + head + tail)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+            self._data = bytearray()
 
 
 @dataclass
@@ -154,11 +221,23 @@ class Answers:
 
 
 class Shard:
-    """One partition of the sharded index: the tables of every group routed to it."""
+    """One partition of the sharded index: the tables of every group routed to it.
 
-    def __init__(self, plan: ShardPlan) -> None:
-        self.plan = plan
+    ``strings``: a path prefix for the stored pages' ids and URLs, one append-only file per
+    group (``<strings>.g<group>.strings``), read only for the matches an answer reports; None
+    keeps them in memory."""
+
+    def __init__(self, plan: ShardPlan, strings: str | None = None) -> None:
+        self.plan, self.strings = plan, strings
         self._groups: dict[int, _GroupStore] = {}
+
+    def close(self) -> None:
+        """Close the string files (the shard is no longer used)."""
+        for g in self._groups.values():
+            g.texts.close()
+
+    def _strings_path(self, g: int) -> str | None:
+        return None if self.strings is None else f"{self.strings}.g{g}.strings"
 
     def __len__(self) -> int:
         """Stored (page, group) entries."""
@@ -220,10 +299,12 @@ class Shard:
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, path: os.PathLike[str] | str, plan: ShardPlan) -> tuple[Shard, dict]:
-        """Read a shard written by :meth:`save`; returns it and its ``meta``.
+    def load(cls, path: os.PathLike[str] | str, plan: ShardPlan, strings: str | None = None) -> tuple[Shard, dict]:
+        """Read a shard written by :meth:`save`; returns it and its ``meta``.  ``strings``: as
+        for the constructor (a snapshot of an in-memory shard moves its strings to the files).
 
-        Raises ValueError if the file was written for another shard plan or is damaged.
+        Raises ValueError if the file was written for another shard plan or is damaged, or a
+        string file it needs is missing, damaged or another shard's.
         """
         try:
             data = np.load(os.fspath(path), allow_pickle=False)
@@ -232,18 +313,22 @@ class Shard:
             raise ValueError(f"cannot read the shard snapshot {path}: {e}") from None
         if arrays.get("plan") is None or arrays["plan"].tolist() != [plan.partitions, *plan.design.levels]:
             raise ValueError(f"the shard snapshot {path} was written for another shard plan")
-        shard = cls(plan)
+        shard = cls(plan, strings)
         groups: dict[int, dict[str, np.ndarray]] = {}
         for key, value in arrays.items():
             if key.startswith("g"):
                 g, name = key[1:].split(".", 1)
                 groups.setdefault(int(g), {})[name] = value
-        for g, state in groups.items():
-            shard._groups[g] = _GroupStore.from_state(state, plan.masks[: g + 1])
+        try:
+            for g, state in groups.items():
+                shard._groups[g] = _GroupStore.from_state(state, plan.masks[: g + 1], shard._strings_path(g))
+        except BaseException:
+            shard.close()
+            raise
         return shard, json.loads(str(arrays["meta"]))
 
     def _new_group(self, g: int) -> _GroupStore:
-        return _GroupStore(self.plan.group_design(g), self.plan.masks[: g + 1])
+        return _GroupStore(self.plan.group_design(g), self.plan.masks[: g + 1], self._strings_path(g))
 
     def restore(self, inserts: Batch) -> None:
         """Store decoded changelog rows as they are (recovery: no probing, no checks)."""
@@ -320,20 +405,20 @@ class _GroupStore:
 
     Rows are numbered in store order, which is this group's order of the rule (module doc)."""
 
-    def __init__(self, design: TableDesign, masks: np.ndarray) -> None:
+    def __init__(self, design: TableDesign, masks: np.ndarray, strings: str | None = None) -> None:
         self.index = HammingIndex(k=design.k, design=design)
         self.mask, self.earlier = masks[-1], masks[:-1]  # this group's bits, those of the groups before it
-        self.fps, self.fetched, self.id_hash = GrowingArray(np.uint64), GrowingArray(np.int64), GrowingArray(np.uint64)
-        self.texts = StringHeap()  # id of row r at 2r ("" when it is the url), its url at 2r + 1
+        self.fetched, self.id_hash = GrowingArray(np.int64), GrowingArray(np.uint64)  # (fingerprints: the index's)
+        self.texts = StringHeap(strings)  # id of row r at 2r ("" when it is the url), its url at 2r + 1
 
     @property
     def nbytes(self) -> int:
-        cols = (self.fps, self.fetched, self.id_hash)
+        cols = (self.fetched, self.id_hash)
         return self.index.nbytes + sum(c.nbytes for c in cols) + self.texts.nbytes
 
     def probe_and_insert(self, sel, fps, fetched, id_hash, ids, urls, out: Answers, insert: bool = True) -> None:
         """Store the batch's new pages, then answer every probe (linear: no batch x batch matrix)."""
-        n, start = len(fps), len(self.fps)
+        n, start = len(fps), len(self.id_hash)
         found = self.index.search(fps)  # the pages stored before this batch, within k
         q, row, dist = found.query, found.row, found.distance
         # Where each probe stands in this group's order: after every stored page, unless its id
@@ -353,7 +438,6 @@ class _GroupStore:
             fresh = pos == start
             pos[fresh] = start + rank[first[inverse[fresh]]]
             if len(new_idx):
-                self.fps.extend(fps[new_idx])
                 self.fetched.extend(fetched[new_idx])
                 self.id_hash.extend(id_hash[new_idx])
                 # an id equal to its url (the default) is stored as "" (ids are never empty)
@@ -367,7 +451,8 @@ class _GroupStore:
                 dist = np.concatenate((dist, inner.distance))
                 self.index.add_many(range(start, start + len(new_idx)), fps[new_idx])
         out.stored[sel[new]] = True
-        row_fp, row_hash = self.fps.view()[row], self.id_hash.view()[row]
+        stored_fps = self.index.fingerprints()
+        row_fp, row_hash = stored_fps[row], self.id_hash.view()[row]
         # the rule: stored before the probe's position, another id, and this is the pair's canonical group
         keep = (row < pos[q]) & (row_hash != id_hash[q])
         # (a table key may be cut short, so a hit need not agree on all of this group's bits)
@@ -380,7 +465,7 @@ class _GroupStore:
         q, row, dist = q[order], row[order], dist[order]
         best = np.flatnonzero(np.r_[True, q[1:] != q[:-1]]) if len(q) else q
         p, r = sel[q[best]], row[best]
-        out.distance[p], out.fingerprint[p] = dist[best], self.fps.view()[r]
+        out.distance[p], out.fingerprint[p] = dist[best], stored_fps[r]
         out.fetched[p], out.id_hash[p] = self.fetched.view()[r], self.id_hash.view()[r]
         for i, stored in zip(p.tolist(), r.tolist()):
             out.ids[i] = self.texts[2 * stored] or self.texts[2 * stored + 1]
@@ -390,37 +475,38 @@ class _GroupStore:
         out = {f"index.{k}": v for k, v in self.index.state().items()}
         out.update(
             {
-                "fps": self.fps.view(),
                 "fetched": self.fetched.view(),
                 "id_hash": self.id_hash.view(),
-                "texts": np.frombuffer(bytes(self.texts._data), dtype=np.uint8),
-                "text_ends": self.texts._ends[: len(self.texts)],
+                "text_ends": self.texts.ends(),
             }
         )
+        if self.texts.path is None:
+            out["texts"] = np.frombuffer(self.texts.data(), dtype=np.uint8)
+        else:  # the file holds them: the snapshot records which bytes (see StringHeap.open)
+            out["text_check"] = np.array(self.texts.checksum(), dtype=np.uint64)
         return out
 
     @classmethod
-    def from_state(cls, state: dict[str, np.ndarray], masks: np.ndarray) -> _GroupStore:
+    def from_state(cls, state: dict[str, np.ndarray], masks: np.ndarray, strings: str | None = None) -> _GroupStore:
         store = cls.__new__(cls)
         store.mask, store.earlier = masks[-1], masks[:-1]
         store.index = HammingIndex.from_state({k[6:]: v for k, v in state.items() if k.startswith("index.")})
-        store.fps, store.fetched, store.id_hash = (
-            GrowingArray(np.uint64),
-            GrowingArray(np.int64),
-            GrowingArray(np.uint64),
-        )
-        store.fps.extend(state["fps"])
+        store.fetched, store.id_hash = GrowingArray(np.int64), GrowingArray(np.uint64)
         store.fetched.extend(state["fetched"])
         store.id_hash.extend(state["id_hash"])
-        store.texts = StringHeap()
         ends = state["text_ends"]
-        store.texts.extend_raw(state["texts"].tobytes(), np.diff(ends, prepend=0))
+        if "texts" in state:  # a snapshot of in-memory strings (to memory, or to a new file)
+            store.texts = StringHeap(strings)
+            store.texts.extend_raw(state["texts"].tobytes(), np.diff(ends, prepend=0))
+        elif strings is None:
+            raise ValueError("the snapshot keeps its strings in files, and no string file was given")
+        else:
+            store.texts = StringHeap.open(strings, ends, int(state["text_check"]))
         return store
 
     def load(self, rec: Batch) -> None:
-        start = len(self.fps)
+        start = len(self.id_hash)
         self.index.add_many(range(start, start + len(rec)), rec.fps)
-        self.fps.extend(rec.fps)
         self.fetched.extend(rec.fetched)
         self.id_hash.extend(rec.id_hash)
         self.texts.extend_raw(rec.strings, rec.lengths)

@@ -69,16 +69,22 @@ def stale_snapshot(meta: dict, changelog: str, end_offset: int | None) -> str | 
     return None
 
 
-def load_snapshot(path: Path, plan: ShardPlan, changelog: str, end_offset: int | None) -> tuple[Shard, int] | None:
+def load_snapshot(
+    path: Path, plan: ShardPlan, changelog: str, end_offset: int | None, strings: str | None = None
+) -> tuple[Shard, int] | None:
     """The shard in the snapshot at ``path`` and the changelog offset it covers, or None (with a
-    warning) when the snapshot is damaged or does not match the cluster: the caller then
-    rebuilds the shard from the changelog.  A discarded snapshot is renamed ``*.npz.discarded``."""
+    warning) when the snapshot or a string file it needs is damaged or does not match the
+    cluster: the caller then rebuilds the shard from the changelog.  A discarded snapshot is
+    renamed ``*.npz.discarded``.  ``strings``: the shard's string file prefix (see Shard)."""
+    shard = None
     try:
-        shard, meta = Shard.load(path, plan)
+        shard, meta = Shard.load(path, plan, strings)
         problem = stale_snapshot(meta, changelog, end_offset)
         offset = int(meta["offset"])
     except (ValueError, KeyError, TypeError) as e:
         problem = str(e)
+    if problem is not None and shard is not None:
+        shard.close()
     if problem is not None:
         # Set aside, not left in place: once the new changelog grows past its offset, a stale
         # snapshot would pass the offset check (a crash before the next snapshot would do it).
@@ -95,6 +101,7 @@ def load_snapshot(path: Path, plan: ShardPlan, changelog: str, end_offset: int |
             aside,
         )
         return None
+    assert shard is not None  # (loaded, since there is no problem)
     return shard, offset
 
 
@@ -127,7 +134,7 @@ class ShardStore(base.Store):
     def shard(self, partition: int) -> Shard:
         s = self.shards.get(partition)
         if s is None:
-            s = self.shards[partition] = Shard(self.plan)
+            s = self.shards[partition] = Shard(self.plan, self._strings_prefix(partition))
             self.snapshot_at[partition] = time.monotonic()
         return s
 
@@ -140,6 +147,13 @@ class ShardStore(base.Store):
         if self.data_dir is None:
             return None
         return self.data_dir / f"{self.table.changelog_topic.get_topic_name()}-{partition}.npz"
+
+    def _strings_prefix(self, partition: int) -> str | None:
+        """Where a shard keeps its ids and URLs (files next to its snapshot; None: in memory)."""
+        if self.data_dir is None:
+            return None
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        return str(self.data_dir / f"{self.table.changelog_topic.get_topic_name()}-{partition}")
 
     def snapshot(self, partition: int) -> bool:
         """Save a shard with the changelog offset it covers (atomic; False if nothing to save)."""
@@ -169,7 +183,9 @@ class ShardStore(base.Store):
         path = self._snapshot_path(partition)
         if path is None or not path.exists():
             return
-        loaded = load_snapshot(path, self.plan, self._changelog(), self._end_offset(partition))
+        loaded = load_snapshot(
+            path, self.plan, self._changelog(), self._end_offset(partition), self._strings_prefix(partition)
+        )
         if loaded is None:
             return
         shard, offset = loaded
@@ -224,6 +240,8 @@ class ShardStore(base.Store):
         self._crashing = asyncio.ensure_future(self.app.crash(crash))  # keep a reference until it runs
 
     def reset_state(self) -> None:
+        for shard in self.shards.values():
+            shard.close()
         self.shards.clear()
         self.offsets.clear()
 
@@ -235,7 +253,7 @@ class ShardStore(base.Store):
         keep = {tp.partition for tp in mine}
         for partition in [p for p in self.shards if p not in keep]:
             self.snapshot(partition)  # it may come back: a later recovery replays only the tail
-            del self.shards[partition]
+            self.shards.pop(partition).close()
             self.offsets.pop(partition, None)
         # The changelog's end offsets, to tell a snapshot of this cluster from a stale one before
         # recovery seeks past it (faust's own check would stop the worker with ConsistencyError).

@@ -2,6 +2,7 @@
 
 * A snapshot of a cluster that was recreated empty is discarded with a warning, the shard is
   rebuilt from the (empty) changelog, and the worker judges pages against the new cluster only.
+* String files (the stored ids and URLs) that do not match their snapshot: the same.
 * A shard changelog written with another fingerprint scheme stops the worker with a message
   that says what to do: two schemes never share an index.
 """
@@ -99,6 +100,39 @@ def test_a_snapshot_of_a_recreated_cluster_is_discarded_and_the_worker_judges_pa
         third = wait_for_verdicts(kafka, topics, n=2)
         assert third["verdicts"]["http://a.test/third"][0]["verdict"] == "near_duplicate"
         assert third["verdicts"]["http://a.test/third"][0]["match_id"] == "http://a.test/again"
+    finally:
+        assert worker.stop() == 0
+
+
+def test_damaged_string_files_are_refused_and_the_shard_is_rebuilt_from_the_changelog(kafka, tmp_path):
+    """The ids and URLs of stored pages live in string files next to the snapshots: with them cut
+    short, the snapshot is discarded with a message, the shard is rebuilt from the changelog, and
+    a copy of a page stored before is still a near-duplicate that names the original."""
+    topics = StreamTopics.fresh(kafka, partitions=2)
+    worker = WorkerProcess(kafka, topics, tmp_path)
+    worker.start()
+    try:
+        produce(kafka, topics.pages, [page_record("http://a.test/original", PAGE, "2024-01-01T00:00:00Z")])
+        wait_for_verdicts(kafka, topics, n=1)
+    finally:
+        assert worker.stop() == 0
+    files = sorted((worker.dir / "data").rglob("*.strings"))
+    assert any(f.stat().st_size for f in files), "no string file holds the page's id and URL"
+    for f in files:
+        f.write_bytes(f.read_bytes()[:-3])
+    since = worker.log_path.stat().st_size
+    worker.start()
+    try:
+        log = worker.log_path.read_bytes()[since:].decode("utf-8", "replace")
+        assert "discarding the snapshot" in log and "string file" in log, worker.log_tail()
+        produce(kafka, topics.pages, [page_record("http://a.test/copy", PAGE, "2024-01-02T00:00:00Z")])
+        out = wait_for_verdicts(kafka, topics, n=2)
+        [copy] = out["verdicts"]["http://a.test/copy"]
+        assert (copy["verdict"], copy["match_id"], copy["match_url"]) == (
+            "near_duplicate",
+            "http://a.test/original",
+            "http://a.test/original",
+        )
     finally:
         assert worker.stop() == 0
 

@@ -1,0 +1,75 @@
+"""Resident bytes per page in a worker's shards, with the stored ids and URLs in memory or in
+string files (issue 11: everything that grows with pages).
+
+    python bench/shard_memory.py                 # 1M pages, 60-character URLs
+    python bench/shard_memory.py --pages 10000000 --url-length 90
+
+One shard partition holds every group (as a one-worker, one-partition cluster would), so the
+figure is per page across the whole table group.  Each mode runs in a fresh process.  Reported:
+``Shard.nbytes`` (the arrays the shard holds: index tables, per-page columns, string offsets, and
+in-memory string bytes) and the process's peak RSS above the interpreter at start, both per
+page.  File-backed string bytes sit in the OS page cache, not in the process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+
+def run(mode: str, pages: int, url_length: int, batch: int) -> dict:
+    from streamdedup.index.tables import TableDesign
+    from streamdedup.pipeline.shard import Shard, ShardPlan
+
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    plan = ShardPlan(TableDesign.named("16"), partitions=1)
+    with tempfile.TemporaryDirectory() as tmp:
+        shard = Shard(plan, None if mode == "memory" else f"{tmp}/s")
+        rng = np.random.default_rng(1)
+        pad = "x" * max(0, url_length - 30)
+        groups = np.tile(np.arange(plan.n_groups), batch)
+        for start in range(0, pages, batch):
+            fps = rng.integers(0, 2**64 - 1, batch, dtype=np.uint64, endpoint=True)
+            urls = [f"http://example.com/{pad}/{i:010d}" for i in range(start, start + batch)]
+            rep = np.repeat(np.arange(batch), plan.n_groups)
+            probe_urls = [urls[i] for i in rep.tolist()]
+            shard.probe_and_insert(
+                groups, fps[rep], np.zeros(len(rep), np.int64), fps[rep] ^ np.uint64(7), probe_urls, probe_urls
+            )
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        out = {"mode": mode, "pages": pages, "url_length": len(urls[0]), "nbytes_per_page": shard.nbytes / pages}
+        out["peak_rss_per_page"] = (peak - base) / pages
+        shard.close()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pages", type=int, default=1_000_000)
+    ap.add_argument("--url-length", type=int, default=60)
+    ap.add_argument("--batch", type=int, default=20_000)
+    ap.add_argument("--mode", choices=["memory", "files"], help=argparse.SUPPRESS)  # (one run, in a child)
+    a = ap.parse_args()
+    if a.mode:
+        print(json.dumps(run(a.mode, a.pages, a.url_length, a.batch)))
+        return
+    print(f"{'strings':8} {'pages':>11} {'url':>4} {'Shard.nbytes/page':>18} {'peak RSS/page':>14}")
+    for mode in ("memory", "files"):
+        args = [sys.executable, __file__, "--mode", mode, "--pages", str(a.pages), "--url-length", str(a.url_length)]
+        r = json.loads(
+            subprocess.run(args + ["--batch", str(a.batch)], capture_output=True, text=True, check=True).stdout
+        )
+        print(
+            f"{mode:8} {r['pages']:>11,} {r['url_length']:>4} {r['nbytes_per_page']:>16.0f} B "
+            f"{r['peak_rss_per_page']:>12.0f} B"
+        )
+
+
+if __name__ == "__main__":
+    main()
