@@ -8,6 +8,10 @@
 for each figure the median and the spread (min..max over runs), and the load average
 (1 min) before and after each part, because the machine may be shared.
 
+Parts 1 and 2 time CPU seconds of the bench process (``time.process_time``), pinned to one
+core: the rates are per CPU second, and the time spent waiting for the core while other
+processes run on it is not counted (see ``in_turns``).
+
 1. One core (pinned), visible texts of ``corpus-text.jsonl``, batches of 256; the options take
    turns at every batch, so a change of load hits all of them alike:
    ``simhash_texts(batch)`` against gaoya's ``SimHash64StringIntIndex("word", lowercase,
@@ -62,14 +66,20 @@ def load_avg() -> float:
 
 
 def in_turns(batches: list, options: dict[str, Callable[[object], object]], setup: Callable[[], None]) -> dict:
-    """Seconds each option spends on all batches, the options taking turns at every batch."""
+    """CPU seconds each option spends on all batches, the options taking turns at every batch.
+
+    CPU time of this process, not wall time: pinned to one core of a shared machine, the bench
+    waits for that core whenever another process runs on it, and those waits come in bursts of
+    seconds that would land on whichever option runs then (a wall-clock ratio of scan to its own
+    first stage came out anywhere between 0.76 and 1.39 at load average 8).
+    """
     setup()
     spent = dict.fromkeys(options, 0.0)
     for b in batches:
         for name, fn in options.items():
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             fn(b)
-            spent[name] += time.perf_counter() - t0
+            spent[name] += time.process_time() - t0
     return spent
 
 
