@@ -5,7 +5,7 @@
 #   make test    lint, type check, then the whole test suite (what CI runs)
 #   make unit    the tests that need no broker and no Prometheus (under a minute)
 #   make lint    ruff (lint + format check) and mypy on the package
-#   make bench   the speed goals (bench/goals.py; by hand, ~12 min; QUICK=1 for ~4 min; see bench/README.md)
+#   make bench   the speed goals (bench/goals.py; by hand, ~5 min; QUICK=1 for ~2 min; see bench/README.md)
 
 PYTHON ?= python3
 VENV   := .venv
@@ -53,8 +53,9 @@ test: install lint
 demo: install
 	$(PY) deploy/sample/demo.py $(if $(KEEP),--keep)
 
-# The speed goals of issue 10 in one go (bench/goals.py: ~12 min on 2 cores; QUICK=1: ~4 min;
-# BENCH_ARGS="--skip-stream" for the one-core figures only).  Not part of `make test`.
+# The speed goals of issue 10 in one go (bench/goals.py: ~5 min on 2 cores, plus ~3.5 min to build the
+# corpus the first time; QUICK=1: ~2 min; BENCH_ARGS="--skip-stream" for the one-core figures only).
+# Not part of `make test`.
 bench: install $(STAMPS)/bench bench/data/corpus.jsonl
 	$(PY) bench/goals.py $(if $(QUICK),--quick) $(BENCH_ARGS)
 
