@@ -19,8 +19,8 @@ What is timed (texts in batches of 256, as ``scan`` and the worker do):
 ``simhash_xxh3``     the previous scheme's path: xxh3-64 per distinct word through a dict cache
                      (bytes.translate + split for ASCII, a regex for non-ASCII tokens), numpy shingles
 ``simhash_kernels``  words, bigram shingles and the scheme-2 accumulation kernel
-                     (``numba_kernels.simhash_log_tf``): what the product path becomes when
-                     simhash.py (scheme 2, another branch) calls the kernel; not the product yet
+                     (``numba_kernels.simhash_log_tf``), called directly; since the merge of
+                     scheme 2 this is what ``simhash`` does too (simhash.py calls the kernel)
 ``gaoya``            gaoya's ``SimHash64StringIntIndex(analyzer="word", lowercase=True,
                      ngram_range=(2, 2)).doc2signature(t)`` per text (Rust)
 ``minhash``          words, trigram shingles and 128-permutation signatures of a batch
