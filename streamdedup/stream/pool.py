@@ -1,7 +1,9 @@
 """The worker's fingerprinting processes: a process pool that dies with the worker.
 
 A pool process whose worker is SIGKILLed would otherwise wait on its task queue for good;
-each one watches its parent and exits when the parent is gone.
+each one watches its parent and exits when the parent is gone.  Each also loads the compiled
+fingerprint kernels as it starts (about 2 s from numba's cache), so the first batch of pages
+does not wait for them.
 """
 
 from __future__ import annotations
@@ -24,10 +26,17 @@ def _watch_parent(parent: int) -> None:
     threading.Thread(target=watch, name="watch-parent", daemon=True).start()
 
 
+def _start(parent: int) -> None:
+    _watch_parent(parent)
+    from streamdedup.fingerprinting.kernels import warm_up
+
+    warm_up()
+
+
 def fingerprint_pool(processes: int) -> ProcessPoolExecutor:
     """``processes`` spawned (not forked: the worker has threads by then) and already starting."""
     pool = ProcessPoolExecutor(
-        processes, mp_context=multiprocessing.get_context("spawn"), initializer=_watch_parent, initargs=(os.getpid(),)
+        processes, mp_context=multiprocessing.get_context("spawn"), initializer=_start, initargs=(os.getpid(),)
     )
     pool.submit(int)  # start the processes now, not on the first batch
     return pool
