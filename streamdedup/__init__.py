@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 
 from streamdedup.engine.dedup import Deduplicator, Verdict
 from streamdedup.fingerprinting.minhash import MinHash, minhash_signature
-from streamdedup.fingerprinting.pages import fingerprint
+from streamdedup.fingerprinting.pages import cluster_key, fingerprint
 from streamdedup.fingerprinting.simhash import hamming
 from streamdedup.index.hamming import HammingIndex
 from streamdedup.index.lsh import LSHIndex
@@ -27,6 +27,7 @@ from streamdedup.index.tables import TableDesign
 __all__ = [
     "__version__",
     "fingerprint",
+    "cluster_key",
     "hamming",
     "HammingIndex",
     "TableDesign",

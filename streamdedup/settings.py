@@ -29,6 +29,7 @@ from typing import Any, cast
 from streamdedup.engine.dedup import ALGORITHMS
 from streamdedup.engine.records import DEFAULT_MAX_PAGE_BYTES
 from streamdedup.errors import SettingsError
+from streamdedup.fingerprinting.cluster import DEFAULT_CLUSTER_N, MAX_CLUSTER_N
 from streamdedup.index.tables import DESIGNS
 
 __all__ = ["ENV_ALLOWLIST", "ENV_PREFIX", "Settings", "SettingsError"]
@@ -228,6 +229,15 @@ class Settings:
     )
     num_perm: int = _f(
         "--num-perm", 128, "minhash/combined: hash functions per signature.", _int(16, 1024, "use e.g. 128"), "INT"
+    )
+    cluster_n: int = _f(
+        "--cluster-n",
+        DEFAULT_CLUSTER_N,
+        "Shingle hashes in each verdict's cluster key (the XOR of the page's n smallest word-trigram "
+        "hashes): pages of Jaccard similarity J share a key with probability about J**n; larger n joins "
+        "fewer dissimilar pages and fewer near-duplicates (0: no key).",
+        _int(0, MAX_CLUSTER_N, f"use e.g. {DEFAULT_CLUSTER_N}, or 0 to turn the key off"),
+        "INT",
     )
     max_page_bytes: int = _f(
         "--max-page-bytes",

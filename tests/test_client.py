@@ -101,14 +101,16 @@ def test_output_record_headers_parsed():
             ("crawler-run", b"7"),
             ("streamdedup-verdict", b"near_duplicate"),
             ("streamdedup-fingerprint", b"00000000000000ff"),
+            ("streamdedup-cluster", b"00000000000000c1"),
             ("streamdedup-match-id", b"http://a/x"),
             ("streamdedup-match-url", b"http://a/x"),
             ("streamdedup-distance", b"2"),
         ],
     )
-    assert (r.verdict, r.fingerprint, r.match_id, r.match_url, r.distance, r.reason) == (
+    assert (r.verdict, r.fingerprint, r.cluster, r.match_id, r.match_url, r.distance, r.reason) == (
         "near_duplicate",
         "00000000000000ff",
+        "00000000000000c1",
         "http://a/x",
         "http://a/x",
         2,
@@ -134,7 +136,7 @@ def test_dead_letter_parsed():
 
 
 def test_verdict_lines():
-    unique = VerdictRecord("x", "http://a/x", "unique", "00000000000000ff", None, None, None, 0, 1)
+    unique = VerdictRecord("x", "http://a/x", "unique", "00000000000000ff", None, None, None, 0, 1, "00000000000000c1")
     assert human_line(unique) == "unique          http://a/x"
     assert as_json(unique) == {
         "id": "x",
@@ -146,4 +148,5 @@ def test_verdict_lines():
         "distance": None,
         "partition": 0,
         "offset": 1,
+        "cluster": "00000000000000c1",
     }

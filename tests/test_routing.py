@@ -28,12 +28,17 @@ def judged(best=None, headers=UPSTREAM, page_id="a/é") -> Waiting:
         url="http://a/é",
         fingerprint=0xFF,
         best=best,
+        cluster=0xC1,
     )
 
 
 def test_a_unique_page():
     page, verdict = outputs(judged(), Topics())
-    ours = [("streamdedup-verdict", b"unique"), ("streamdedup-fingerprint", b"00000000000000ff")]
+    ours = [
+        ("streamdedup-verdict", b"unique"),
+        ("streamdedup-fingerprint", b"00000000000000ff"),
+        ("streamdedup-cluster", b"00000000000000c1"),
+    ]
     assert page.topic == "pages.unique"
     assert page.key == "a/é".encode()  # keyed by page id, not by the input key
     assert page.value == VALUE  # the input bytes, unchanged
@@ -44,6 +49,7 @@ def test_a_unique_page():
         "url": "http://a/é",
         "verdict": "unique",
         "fingerprint": "00000000000000ff",
+        "cluster": "00000000000000c1",
         "match_id": None,
         "match_url": None,
         "distance": None,
@@ -60,6 +66,7 @@ def test_a_near_duplicate():
     ours = [
         ("streamdedup-verdict", b"near_duplicate"),
         ("streamdedup-fingerprint", b"00000000000000ff"),
+        ("streamdedup-cluster", b"00000000000000c1"),
         ("streamdedup-match-id", "orig/ü".encode()),
         ("streamdedup-match-url", "http://orig/ü".encode()),
         ("streamdedup-distance", b"2"),
@@ -75,6 +82,7 @@ def test_a_near_duplicate():
             "url": "http://a/é",
             "verdict": "near_duplicate",
             "fingerprint": "00000000000000ff",
+            "cluster": "00000000000000c1",
             "match_id": "orig/ü",
             "match_url": "http://orig/ü",
             "distance": 2,
@@ -87,13 +95,21 @@ def test_a_near_duplicate():
 def test_upstream_verdict_headers_never_pass_through():
     spoofed = [("streamdedup-verdict", b"near_duplicate"), ("streamdedup-match-id", b"x")]
     page, verdict = outputs(judged(headers=spoofed), Topics())
-    assert [k for k, _ in page.headers] == ["streamdedup-verdict", "streamdedup-fingerprint"]
+    assert [k for k, _ in page.headers] == ["streamdedup-verdict", "streamdedup-fingerprint", "streamdedup-cluster"]
     assert dict(page.headers)["streamdedup-verdict"] == b"unique"
 
 
 def test_no_input_headers():
     page, _ = outputs(judged(headers=()), Topics())
-    assert [k for k, _ in page.headers] == ["streamdedup-verdict", "streamdedup-fingerprint"]
+    assert [k for k, _ in page.headers] == ["streamdedup-verdict", "streamdedup-fingerprint", "streamdedup-cluster"]
+
+
+def test_a_page_without_a_cluster_key_has_no_cluster_header_and_a_null_field():
+    w = judged()
+    w.cluster = None
+    page, verdict = outputs(w, Topics())
+    assert "streamdedup-cluster" not in dict(page.headers) and "streamdedup-cluster" not in dict(verdict.headers)
+    assert json.loads(verdict.value)["cluster"] is None
 
 
 def test_a_dead_letter_keeps_its_key_value_and_headers_and_says_why():

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
 
-from streamdedup import fingerprint, hamming
+from streamdedup import cluster_key, fingerprint, hamming
 from streamdedup.cli import main
 
 VOCAB = (
@@ -72,11 +72,27 @@ def test_simhash_verdicts(tmp_path):
     assert [x["verdict"] for x in v] == ["unique", "unique", "near_duplicate", "near_duplicate", "unique", "unique"]
     assert v[2]["match_id"] == "http://a.example/1" and v[2]["match_url"] == "http://a.example/1"
     assert v[3]["match_id"] == "http://a.example/1" and v[3]["distance"] == 0  # markup-only: same bits
-    assert set(v[0]) == {"id", "url", "verdict", "fingerprint", "match_id", "match_url", "distance"}
+    assert set(v[0]) == {"id", "url", "verdict", "fingerprint", "cluster", "match_id", "match_url", "distance"}
+    assert v[3]["cluster"] == v[0]["cluster"] == f"{cluster_key(PAGES[0]['content']):016x}"  # markup-only: same key
+    assert v[4]["cluster"] == v[1]["cluster"] != v[0]["cluster"]
+    assert all(len(x["cluster"]) == 16 for x in v)
     assert v[0]["match_id"] is None and v[0]["distance"] is None
     assert all(len(x["fingerprint"]) == 16 for x in v)
     assert v[4]["verdict"] == "unique"  # a re-fetch is never a duplicate of itself
     assert "scanned 6 pages: 2 near_duplicate, 4 unique" in result.output
+
+
+def test_cluster_n_changes_the_key_and_zero_turns_it_off(tmp_path):
+    _, v8 = run_scan(tmp_path, jsonl(PAGES), "in.jsonl", "--cluster-n", "8")
+    assert (
+        v8[0]["cluster"]
+        == f"{cluster_key(PAGES[0]['content'], n=8):016x}"
+        != f"{cluster_key(PAGES[0]['content']):016x}"
+    )
+    _, v0 = run_scan(tmp_path, jsonl(PAGES), "in.jsonl", "--cluster-n", "0")
+    assert [x["cluster"] for x in v0] == [None] * len(PAGES)
+    result, _ = run_scan(tmp_path, jsonl(PAGES), "in.jsonl", "--cluster-n", "-1")
+    assert result.exit_code == 2 and "--cluster-n / STREAMDEDUP_CLUSTER_N: -1 is out of range" in result.output
 
 
 def test_match_is_the_closest_earlier_page(tmp_path):

@@ -40,7 +40,7 @@ CONNECTION = ("brokers", "security_protocol", *SECURITY_FIELDS, "ssl_check_hostn
 #: ``streamdedup produce``: the pages topic, and the size limit it checks before sending.
 PRODUCE = CONNECTION + ("pages_topic", "max_page_bytes")
 #: ``streamdedup scan``: the algorithm and its parameters, and the batch and page size limits.
-SCAN = ("algorithm", "k", "design", "threshold", "num_perm", "max_page_bytes", "batch_size")
+SCAN = ("algorithm", "k", "design", "threshold", "num_perm", "cluster_n", "max_page_bytes", "batch_size")
 #: ``streamdedup verdicts``: the output topics it reads.
 VERDICTS = CONNECTION + ("verdicts_topic", "unique_topic", "near_duplicate_topic", "dead_letter_topic")
 

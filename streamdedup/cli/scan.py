@@ -61,7 +61,9 @@ def scan(input: Path, output: Path, input_format: str, progress: bool | None, **
     if str(input) != "-" and not input.exists():
         raise click.BadParameter(f"{input} does not exist", param_hint="INPUT")
     s = settings
-    dedup = Deduplicator(s.algorithm, k=s.k, design=s.design, threshold=s.threshold, num_perm=s.num_perm)
+    dedup = Deduplicator(
+        s.algorithm, k=s.k, design=s.design, threshold=s.threshold, num_perm=s.num_perm, cluster_n=s.cluster_n
+    )
     if str(input) == "-" and input_format == "warc":
         raise click.BadParameter("WARC input must be a file", param_hint="--input-format")
     show = sys.stderr.isatty() if progress is None else progress

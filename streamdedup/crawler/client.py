@@ -509,6 +509,7 @@ class VerdictRecord:
     distance: int | None
     partition: int
     offset: int
+    cluster: str | None = None  # the bottom-n cluster key, 16 hex digits (None: no words, or keys off)
 
     @classmethod
     def from_json(cls, raw: bytes) -> VerdictRecord:
@@ -544,6 +545,7 @@ class OutputRecord:
     match_id: str | None = None
     match_url: str | None = None
     distance: int | None = None
+    cluster: str | None = None  # the ``streamdedup-cluster`` header
     reason: str | None = None  # dead-letter only
     error: str | None = None  # dead-letter only
 

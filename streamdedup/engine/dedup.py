@@ -28,12 +28,13 @@ Algorithms:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import xxhash
 
 from streamdedup.engine.order import canonical_groups, group_masks
+from streamdedup.fingerprinting.cluster import DEFAULT_CLUSTER_N, check_cluster_n
 from streamdedup.fingerprinting.pages import Fingerprints
 from streamdedup.fingerprinting.simhash import to_hex
 from streamdedup.index.arrays import GrowingArray
@@ -58,6 +59,7 @@ class Verdict:
     match_url: str | None = None
     distance: int | None = None  # Hamming distance of the two simhash fingerprints
     similarity: float | None = None  # estimated resemblance (minhash and combined)
+    cluster: int | None = None  # the bottom-n cluster key (None: no words, or keys off)
 
     def to_dict(self) -> dict:
         out: dict[str, object] = {
@@ -65,6 +67,7 @@ class Verdict:
             "url": self.url,
             "verdict": self.verdict,
             "fingerprint": to_hex(self.fingerprint),
+            "cluster": None if self.cluster is None else to_hex(self.cluster),
             "match_id": self.match_id,
             "match_url": self.match_url,
             "distance": self.distance,
@@ -84,12 +87,14 @@ class Deduplicator:
         design: TableDesign | str | None = None,
         threshold: float = 0.8,
         num_perm: int = 128,
+        cluster_n: int = DEFAULT_CLUSTER_N,
     ) -> None:
         if algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
         if not 0.0 < threshold < 1.0:
             raise ValueError(f"threshold must be between 0 and 1 (exclusive), got {threshold}")
         self.algorithm, self.k, self.threshold, self.num_perm = algorithm, k, threshold, num_perm
+        self.cluster_n = check_cluster_n(cluster_n)
         self._index = HammingIndex(k=k, design=design) if algorithm != "minhash" else None
         self._masks = group_masks(self._index.design) if self._index is not None and algorithm == "simhash" else None
         if algorithm == "minhash":
@@ -145,7 +150,10 @@ class Deduplicator:
             if self.algorithm == "combined":
                 self._sigs.extend(fp.minhash)
                 query, row, score = self._verify(query, row, fp.minhash)
-        return self._verdicts(base, query, row, score, fp.simhash, pos)
+        verdicts = self._verdicts(base, query, row, score, fp.simhash, pos)
+        if self.cluster_n:
+            verdicts = [replace(v, cluster=key) for v, key in zip(verdicts, fp.cluster_keys(self.cluster_n))]
+        return verdicts
 
     # ------------------------------------------------------------------ internals
     def _positions(self, base: int, n: int, query: np.ndarray, row: np.ndarray) -> np.ndarray:

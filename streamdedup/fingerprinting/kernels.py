@@ -68,5 +68,7 @@ def warm_up() -> bool:
     from streamdedup.fingerprinting.pages import Fingerprints  # here: pages imports this module
 
     for texts in (["ascii words"], ["Wörter, 東京"], ["emoji 😀 words"]):
-        Fingerprints(texts).minhash  # noqa: B018
+        fingerprints = Fingerprints(texts)
+        fingerprints.minhash  # noqa: B018
+        fingerprints.cluster_keys()
     return True

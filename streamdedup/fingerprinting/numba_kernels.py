@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["word_hashes", "shingle_hashes", "minhash_mins", "simhash_log_tf"]
+__all__ = ["word_hashes", "shingle_hashes", "minhash_mins", "simhash_log_tf", "bottom_n_xor"]
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -197,4 +197,41 @@ def simhash_log_tf(flat, counts):
                 if 2 * ones > total:
                     fp |= np.uint64(1) << np.uint64(8 * j + i)
         out[d] = fp
+    return out
+
+
+@njit(cache=True, nogil=True)
+def bottom_n_xor(flat, counts, n):
+    """XOR of the ``n`` smallest distinct values of each page (all of them if it has fewer; 0 if
+    none): the rule of ``cluster._keys_numpy``.
+
+    A sorted buffer of the ``n`` smallest so far per page: a value not below the buffer's
+    largest (once full) is rejected with one comparison, which is almost every value.
+    """
+    n_docs = len(counts)
+    out = np.zeros(n_docs, dtype=np.uint64)
+    low = np.empty(n, dtype=np.uint64)
+    pos = 0
+    for d in range(n_docs):
+        size = 0
+        for i in range(pos, pos + counts[d]):
+            x = flat[i]
+            if size == n and x >= low[n - 1]:
+                continue
+            j = size  # insertion point: the first slot holding a value > x
+            while j > 0 and low[j - 1] > x:
+                j -= 1
+            if j > 0 and low[j - 1] == x:
+                continue  # a repeat
+            last = size if size < n else n - 1
+            for t in range(last, j, -1):
+                low[t] = low[t - 1]
+            low[j] = x
+            if size < n:
+                size += 1
+        key = np.uint64(0)
+        for t in range(size):
+            key ^= low[t]
+        out[d] = key
+        pos += counts[d]
     return out

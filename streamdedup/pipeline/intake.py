@@ -22,6 +22,7 @@ import xxhash
 
 from streamdedup.engine.records import Page, page_from_json, page_text
 from streamdedup.errors import RecordError
+from streamdedup.fingerprinting.cluster import DEFAULT_CLUSTER_N
 from streamdedup.fingerprinting.pages import Fingerprints
 from streamdedup.pipeline.pending import Pending
 from streamdedup.pipeline.shard import ShardPlan
@@ -86,12 +87,14 @@ def parse(records: Sequence[Record], max_bytes: int) -> Parsed:
 
 def fingerprint_contents(
     contents: Sequence[tuple[str | bytes, str | None, str | None]],
-) -> tuple[np.ndarray, list[tuple[int, str, str]]]:
-    """The heavy part: visible text and simhash of each (content, content type, charset).
+    cluster_n: int = DEFAULT_CLUSTER_N,
+) -> tuple[np.ndarray, list[tuple[int, str, str]], list[int | None]]:
+    """The heavy part: visible text, simhash and cluster key of each (content, content type, charset).
 
-    Returns the fingerprints of the pages that have text, in order, and (position, reason,
-    message) for those that do not.  A plain function of plain data, so the worker can run it
-    in another process while its event loop goes on with Kafka.
+    Returns the fingerprints of the pages that have text, in order, (position, reason,
+    message) for those that do not, and the bottom-``cluster_n`` cluster keys of the pages that
+    have text (None: no words, or ``cluster_n == 0``).  A plain function of plain data, so the
+    worker can run it in another process while its event loop goes on with Kafka.
     """
     texts, failed = [], []
     for i, (content, content_type, charset) in enumerate(contents):
@@ -101,7 +104,10 @@ def fingerprint_contents(
             failed.append((i, e.reason, e.message))
         except Exception as e:  # a bug this page triggers: its dead letter, not the batch's
             failed.append((i, "internal_error", f"{type(e).__name__}: {e}"))
-    return (Fingerprints(texts).simhash if texts else np.zeros(0, dtype=np.uint64)), failed
+    if not texts:
+        return np.zeros(0, dtype=np.uint64), failed, []
+    fingerprints = Fingerprints(texts)
+    return fingerprints.simhash, failed, fingerprints.cluster_keys(cluster_n)
 
 
 @dataclass
@@ -114,24 +120,42 @@ class Intake:
     partitions: set[int] = field(default_factory=set)  # input partitions touched
 
     @classmethod
-    def read(cls, records: Sequence[Record], pending: Pending, plan: ShardPlan, max_bytes: int) -> Intake:
+    def read(
+        cls,
+        records: Sequence[Record],
+        pending: Pending,
+        plan: ShardPlan,
+        max_bytes: int,
+        cluster_n: int = DEFAULT_CLUSTER_N,
+    ) -> Intake:
         """Parse, fingerprint and register a batch, all here."""
         parsed = parse(records, max_bytes)
-        return cls.register(parsed, *fingerprint_contents(parsed.contents()), pending, plan)
+        fps, failed, clusters = fingerprint_contents(parsed.contents(), cluster_n)
+        return cls.register(parsed, fps, failed, pending, plan, clusters)
 
     @classmethod
     def register(
-        cls, parsed: Parsed, fps: np.ndarray, failed: list[tuple[int, str, str]], pending: Pending, plan: ShardPlan
+        cls,
+        parsed: Parsed,
+        fps: np.ndarray,
+        failed: list[tuple[int, str, str]],
+        pending: Pending,
+        plan: ShardPlan,
+        clusters: Sequence[int | None] | None = None,
     ) -> Intake:
-        """Register a parsed and fingerprinted batch in ``pending`` (in offset order) and make its probes."""
+        """Register a parsed and fingerprinted batch in ``pending`` (in offset order) and make its probes.
+
+        ``clusters``: the cluster keys from :func:`fingerprint_contents`, aligned with ``fps``
+        (None: no keys).  They stay with the waiting page in this worker; probes do not carry them."""
         out = cls()
         errors = list(parsed.errors)
         good = [i for i, e in enumerate(errors) if e is None]
         for j, reason, message in failed:  # positions among the good pages
             errors[good[j]] = RecordError(reason, message)
-        fp_of = {}
-        for i, fp in zip((i for i in good if errors[i] is None), fps.tolist()):
-            fp_of[i] = fp
+        fp_of, cluster_of = {}, {}
+        keys = clusters if clusters is not None else [None] * len(fps)
+        for i, fp, key in zip((i for i in good if errors[i] is None), fps.tolist(), keys):
+            fp_of[i], cluster_of[i] = fp, key
         rows: list[tuple[int, int, int, int, str, str]] = []  # (request, fetched, id hash, partition, id, url)
         row_fps: list[int] = []
         for i, (r, page, error, fetched) in enumerate(zip(parsed.records, parsed.pages, errors, parsed.fetched)):
@@ -162,6 +186,7 @@ class Intake:
                 value=r.value,
                 headers=r.headers,
                 timestamp_ms=r.timestamp_ms,
+                cluster=cluster_of[i],
             )
             if req is not None:  # None: redelivered while its first delivery still waits
                 rows.append((req, fetched, id_hash(page.id), r.partition, page.id, page.url))

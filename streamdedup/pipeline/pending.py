@@ -59,6 +59,7 @@ class Waiting:
     on_done: Callable[[Waiting], object] | None = (
         None  # a check's callback, called with the record when its answers are in
     )
+    cluster: int | None = None  # the page's bottom-n cluster key (None: no words, or keys off)
 
     @property
     def done(self) -> bool:
@@ -105,6 +106,7 @@ class Pending:
         value: bytes,
         headers=(),
         timestamp_ms: int | None = None,
+        cluster: int | None = None,
     ) -> int | None:
         """Wait for a page's answers; returns its request id (None: already waiting)."""
         request = self._prefix | (next(self._counter) & 0xFFFF_FFFF)
@@ -120,6 +122,7 @@ class Pending:
             fingerprint,
             missing=(1 << self.n_groups) - 1,
             request=request,
+            cluster=cluster,
         )
         if not self._add(w):
             return None
@@ -144,7 +147,7 @@ class Pending:
             Waiting(partition, offset, key, value, list(headers), timestamp_ms, page_id, reason=reason, error=error)
         )
 
-    def add_check(self, page_id: str, url: str, fingerprint: int, on_done) -> int:
+    def add_check(self, page_id: str, url: str, fingerprint: int, on_done, cluster: int | None = None) -> int:
         """Wait for the answers to a check (not stored, never released); ``on_done(waiting)`` is
         called when they are all in.  Returns the request id; :meth:`cancel` forgets it."""
         request = self._prefix | (next(self._counter) & 0xFFFF_FFFF)
@@ -159,6 +162,7 @@ class Pending:
             missing=(1 << self.n_groups) - 1,
             request=request,
             on_done=on_done,
+            cluster=cluster,
         )
         return request
 

@@ -2,7 +2,8 @@
 
 * A page goes to the unique or the near-duplicate topic: key = page id, value = the input
   bytes unchanged, the input's headers kept, plus ``streamdedup-verdict``,
-  ``streamdedup-fingerprint`` (16 hex digits) and, for a near-duplicate,
+  ``streamdedup-fingerprint`` (16 hex digits), ``streamdedup-cluster`` (the bottom-n cluster
+  key, 16 hex digits; absent for a page without words or with ``--cluster-n 0``) and, for a near-duplicate,
   ``streamdedup-match-id``, ``streamdedup-match-url`` and ``streamdedup-distance``.
 * Every page also gets one compact JSON record on the verdicts topic, keyed by page id.
 * A bad record goes to the dead-letter topic as it came (its own key, the input bytes and
@@ -70,6 +71,7 @@ def verdict_record(w: Waiting) -> dict:
         best[4] if best else None,
         best[5] if best else None,
         best[0] if best else None,
+        cluster=w.cluster,
     )
     return {**v.to_dict(), "partition": w.partition, "offset": w.offset}
 
@@ -97,6 +99,8 @@ def outputs(w: Waiting, topics: Topics, shrink: int = 0) -> list[Output]:
     # intake refuses ids and urls that are not valid UTF-8; "replace" keeps a bug from writing invalid bytes
     key = w.page_id.encode("utf-8", "replace")
     ours = [("streamdedup-verdict", w.verdict.encode()), ("streamdedup-fingerprint", to_hex(w.fingerprint).encode())]
+    if w.cluster is not None:
+        ours.append(("streamdedup-cluster", to_hex(w.cluster).encode()))
     if w.best is not None:
         distance, _, _, _, match_id, match_url = w.best
         ours += [

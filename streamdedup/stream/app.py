@@ -216,6 +216,7 @@ class Worker:
             max_bytes=s.max_page_bytes,
             pool=self._pool,
             max_concurrent=CHECKS_PER_PROCESS * max(1, s.fingerprint_processes),
+            cluster_n=s.cluster_n,
         )
         metrics, faults = self.metrics, self.faults
 
@@ -362,7 +363,9 @@ class Worker:
             parsed = parse(records, self.settings.max_page_bytes)
             contents = parsed.contents()
             if self._pool is not None:
-                result = asyncio.get_running_loop().run_in_executor(self._pool, fingerprint_contents, contents)
+                result = asyncio.get_running_loop().run_in_executor(
+                    self._pool, fingerprint_contents, contents, self.settings.cluster_n
+                )
             else:
                 result = None
         except Exception as e:
@@ -373,11 +376,13 @@ class Worker:
             await self._turn.wait_for(lambda: self._next_ticket == ticket)
         try:
             if error is None:
-                fps, failed = await result if result is not None else fingerprint_contents(contents)
+                fps, failed, clusters = (
+                    await result if result is not None else fingerprint_contents(contents, self.settings.cluster_n)
+                )
                 if generation != self._generation:
                     raise _Stale()
                 assert parsed is not None  # no error: parsed
-                intake = Intake.register(parsed, fps, failed, self.pending, self.plan)
+                intake = Intake.register(parsed, fps, failed, self.pending, self.plan, clusters)
         except _Stale:
             error = _Stale()
         except Exception as e:

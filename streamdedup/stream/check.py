@@ -26,6 +26,7 @@ import numpy as np
 
 from streamdedup.engine.records import page_from_json, page_text
 from streamdedup.errors import RecordError
+from streamdedup.fingerprinting.cluster import DEFAULT_CLUSTER_N
 from streamdedup.fingerprinting.pages import Fingerprints
 from streamdedup.pipeline.intake import fetched_ms, id_hash, probe_batches
 from streamdedup.pipeline.pending import Pending
@@ -47,12 +48,14 @@ class Judged:
     url: str = ""
     fetched: int = 0
     fingerprint: int = 0
+    cluster: int | None = None
     reason: str | None = None
     error: str | None = None
 
 
-def judge_body(body: bytes, max_bytes: int, now_ms: int) -> Judged:
-    """Parse, extract and fingerprint one check body (runs in the process pool).
+def judge_body(body: bytes, max_bytes: int, now_ms: int, cluster_n: int = DEFAULT_CLUSTER_N) -> Judged:
+    """Parse, extract and fingerprint one check body (runs in the process pool), with its
+    bottom-``cluster_n`` cluster key.
 
     Every failure is a :class:`Judged` with a reason, never an exception: a bug the body
     triggers is ``internal_error`` for this request only.
@@ -63,12 +66,14 @@ def judge_body(body: bytes, max_bytes: int, now_ms: int) -> Judged:
     try:
         page = page_from_json(body, max_bytes)
         fetched = fetched_ms(page.fetched_at, now_ms)
-        fp = int(Fingerprints([page_text(page)]).simhash[0])
+        fingerprints = Fingerprints([page_text(page)])
+        fp = int(fingerprints.simhash[0])
+        cluster = fingerprints.cluster_keys(cluster_n)[0]
     except RecordError as e:
         return Judged(reason=e.reason, error=e.message)
     except Exception as e:  # one request's bug is that request's answer
         return Judged(reason="internal_error", error=f"{type(e).__name__}: {e}")
-    return Judged(page.id, page.url, fetched, fp)
+    return Judged(page.id, page.url, fetched, fp, cluster)
 
 
 @dataclass
@@ -88,6 +93,7 @@ class Checker:
     pool: Executor | None = None
     max_concurrent: int = 16
     timeout: float = 10.0
+    cluster_n: int = DEFAULT_CLUSTER_N
     active: int = field(default=0, init=False)
 
     async def read_body(self, content_length: int | None, content) -> tuple[bytes | None, dict | None]:
@@ -131,7 +137,9 @@ class Checker:
 
     async def _check(self, body: bytes) -> tuple[int, dict, dict]:
         loop = asyncio.get_running_loop()
-        judged = await loop.run_in_executor(self.pool, judge_body, body, self.max_bytes, int(time.time() * 1000))
+        judged = await loop.run_in_executor(
+            self.pool, judge_body, body, self.max_bytes, int(time.time() * 1000), self.cluster_n
+        )
         if judged.reason is not None:
             status = 413 if judged.reason == "too_large" else 500 if judged.reason == "internal_error" else 400
             return status, {"error": judged.error, "reason": judged.reason}, {}
@@ -151,7 +159,7 @@ class Checker:
             if not done.done():
                 done.set_result(w)
 
-        request = self.pending.add_check(judged.page_id, judged.url, judged.fingerprint, answered)
+        request = self.pending.add_check(judged.page_id, judged.url, judged.fingerprint, answered, judged.cluster)
         try:
             batches = probe_batches(
                 self.plan,

@@ -21,6 +21,7 @@ from streamdedup.settings import Settings
 pytestmark = pytest.mark.kafka
 
 FP_X, FP_Y = "0123456789abcdef", "0123456789abcdee"
+CLUSTER = "00000000000000c1"
 PAGE_X = json.dumps({"url": "http://a/x", "content": "<p>x</p>"}).encode()
 PAGE_Y = json.dumps({"url": "http://a/y", "content": "<p>x!</p>"}).encode()
 VERDICT_X = {
@@ -33,6 +34,7 @@ VERDICT_X = {
     "distance": None,
     "partition": 0,
     "offset": 0,
+    "cluster": CLUSTER,
 }
 VERDICT_Y = {
     "id": "http://a/y",
@@ -44,6 +46,7 @@ VERDICT_Y = {
     "distance": 1,
     "partition": 0,
     "offset": 1,
+    "cluster": CLUSTER,
 }
 
 
@@ -99,7 +102,12 @@ def topics(kafka) -> Topics:
                 t.unique,
                 b"http://a/x",
                 PAGE_X,
-                [upstream, ("streamdedup-verdict", b"unique"), ("streamdedup-fingerprint", FP_X.encode())],
+                [
+                    upstream,
+                    ("streamdedup-verdict", b"unique"),
+                    ("streamdedup-fingerprint", FP_X.encode()),
+                    ("streamdedup-cluster", CLUSTER.encode()),
+                ],
             ),
             (t.verdicts, b"http://a/y", json.dumps(VERDICT_Y).encode(), []),
             (
@@ -173,10 +181,16 @@ def test_output_topics_show_the_headers(kafka, topics):
         "match_id": None,
         "match_url": None,
         "distance": None,
+        "cluster": CLUSTER,
         "reason": None,
         "error": None,
         "value_bytes": len(PAGE_X),
-        "headers": {"crawler-run": "run-7", "streamdedup-verdict": "unique", "streamdedup-fingerprint": FP_X},
+        "headers": {
+            "crawler-run": "run-7",
+            "streamdedup-verdict": "unique",
+            "streamdedup-fingerprint": FP_X,
+            "streamdedup-cluster": CLUSTER,
+        },
     }
 
     dead = _verdicts(kafka, topics, "--topic", "dead-letter", "--max", "1")

@@ -345,6 +345,7 @@ def test_post_check_answers_against_stored_pages_without_storing(kafka, tmp_path
                 "url": "http://mirror.test/copy",
                 "verdict": "near_duplicate",
                 "fingerprint": to_hex(int(fingerprint_contents([(copy["content"], copy["content_type"], None)])[0][0])),
+                "cluster": to_hex(fingerprint_contents([(copy["content"], copy["content_type"], None)])[2][0]),
                 "match_id": wave[3]["url"],
                 "match_url": wave[3]["url"],
                 "distance": 0,
