@@ -5,7 +5,8 @@
 Makes the changelog of N pages (one row per page and group: 4 per page for the 4 x 4 design,
 URLs of realistic length; a changelog record holds the rows one shard stored from one probe
 batch, --rows-per-record of them), then times decoding it in batches of --batch records and
-restoring one shard from it, as a restarted worker would; then saves the shard as a snapshot
+restoring one shard from it, as a restarted worker would (ids and URLs to string files, as
+the worker keeps them; ``--strings memory`` for in-memory strings); then saves the shard as a snapshot
 and times loading it until it can answer (lookup directories built).  Kafka's fetch is not
 included.
 """
@@ -53,26 +54,32 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--batch", type=int, default=100, help="changelog records decoded at once")
     p.add_argument("--rows-per-record", type=int, default=250)
+    p.add_argument(
+        "--strings", choices=["files", "memory"], default="files", help="ids and URLs in string files (the worker's)"
+    )
     args = p.parse_args()
     log = make_log(args.pages, 0, args.rows_per_record)
     plan = ShardPlan(TableDesign.named("16"), 1)
     rates = []
     for _ in range(args.runs):
-        shard = Shard(plan)
-        t0 = time.perf_counter()
-        for s in range(0, len(log), args.batch):
-            shard.restore(decode(log[s : s + args.batch]))
-        elapsed = time.perf_counter() - t0
         with tempfile.TemporaryDirectory() as tmp:
+            strings = None if args.strings == "memory" else f"{tmp}/s"
+            shard = Shard(plan, strings)
+            t0 = time.perf_counter()
+            for s in range(0, len(log), args.batch):
+                shard.restore(decode(log[s : s + args.batch]))
+            elapsed = time.perf_counter() - t0
             path = Path(tmp) / "shard.npz"
             t0 = time.perf_counter()
             shard.save(path)
             save_s = time.perf_counter() - t0
+            shard.close()
             t0 = time.perf_counter()
-            loaded, _ = Shard.load(path, plan)
+            loaded, _ = Shard.load(path, plan, strings)
             for store in loaded._groups.values():
                 store.index.prepare()  # ready to answer: lookup directories built
             load_s = time.perf_counter() - t0
+            loaded.close()
             size = path.stat().st_size
         res = {
             "records": len(log),
