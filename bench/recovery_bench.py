@@ -70,6 +70,8 @@ def main() -> None:
                 shard.restore(decode(log[s : s + args.batch]))
             elapsed = time.perf_counter() - t0
             path = Path(tmp) / "shard.npz"
+            for store in shard._groups.values():
+                store.index.prepare()  # as in a worker: answering built the directories before a snapshot
             t0 = time.perf_counter()
             shard.save(path)
             save_s = time.perf_counter() - t0

@@ -22,6 +22,15 @@ class GrowingArray:
         self._buf: np.ndarray = np.empty((64, *row_shape), dtype=dtype)
         self.n = 0
 
+    @classmethod
+    def of(cls, rows: np.ndarray) -> GrowingArray:
+        """The rows of ``rows``, which it takes over (no copy: the caller must not use it again)."""
+        out = cls.__new__(cls)
+        out._buf, out.n = (rows if rows.flags.writeable and rows.flags.c_contiguous else rows.copy()), len(rows)
+        if len(out._buf) == 0:
+            out._buf = np.empty((64, *rows.shape[1:]), dtype=rows.dtype)
+        return out
+
     def __len__(self) -> int:
         return self.n
 

@@ -61,10 +61,14 @@ class _Run:
     #: Entries per directory bucket on average: 1.33 bytes of directory per entry.
     PER_BUCKET = 3
 
-    def __init__(self, entries: np.ndarray) -> None:
+    def __init__(self, entries: np.ndarray, directory: np.ndarray | None = None) -> None:
         self.entries = entries
         self._dir: np.ndarray | None = None
         self._buckets = np.uint64(1)
+        # a saved directory is used if it is the one _directory() would build (else rebuilt)
+        if directory is not None and len(directory) == max(1, len(entries) // self.PER_BUCKET) + 1:
+            if int(directory[-1]) == len(entries) and int(directory[0]) == 0:
+                self._dir, self._buckets = directory, np.uint64(len(directory) - 1)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -294,6 +298,8 @@ class HammingIndex:
         }
         for i, run in enumerate(self._runs):
             out[f"run{i}"] = run.entries
+            if run._dir is not None:  # saved, so that a loaded index answers without a counting pass
+                out[f"dir{i}"] = run._dir
         return out
 
     @classmethod
@@ -303,13 +309,13 @@ class HammingIndex:
         design = TableDesign(k=int(state["k"]), levels=tuple(state["levels"].tolist()), only=only)
         idx = cls(k=design.k, design=design)
         n = len(state["fps"])
-        idx._reserve(n)
-        idx._fps[:n], idx._alive[:n] = state["fps"], state["alive"]
+        # taken over when they can be (a snapshot's arrays are read fresh), else copied
+        idx._fps, idx._alive = _owned(state["fps"], np.uint64), _owned(state["alive"], bool)
         rows = "ids_are_rows" in state and bool(state["ids_are_rows"])
         idx._ids = _Ids(rows=n) if rows else _Ids(ints=state["ids"])
         idx._n, idx._dead = n, int(n - state["alive"].sum())
         runs = sorted((k for k in state if k.startswith("run")), key=lambda k: int(k[3:]))
-        idx._runs = [_Run(np.asarray(state[k])) for k in runs]
+        idx._runs = [_Run(np.asarray(state[k]), state.get(f"dir{k[3:]}")) for k in runs]
         return idx
 
     # ------------------------------------------------------------ internals
@@ -412,6 +418,11 @@ class _Ids:
         if self._objects is not None:
             return _Ids(objects=[self._objects[r] for r in rows.tolist()])
         return _Ids(ints=self.ints()[rows])
+
+
+def _owned(a: np.ndarray, dtype: type) -> np.ndarray:
+    a = np.asarray(a, dtype=dtype)
+    return a if a.flags.writeable and a.flags.c_contiguous else a.copy()
 
 
 def _int_ids(ids: Sequence[Hashable]) -> np.ndarray | None:

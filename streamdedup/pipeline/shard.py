@@ -47,6 +47,7 @@ from streamdedup.fingerprinting.features import mix64
 from streamdedup.index.arrays import GrowingArray
 from streamdedup.index.hamming import HammingIndex
 from streamdedup.index.tables import TableDesign
+from streamdedup.pipeline.snapshot_file import read_arrays, write_arrays
 from streamdedup.pipeline.wire import ANSWERS, CHECKS, PROBES, Batch, decode, kind_of
 
 __all__ = ["ShardPlan", "Shard", "Answers", "StringHeap", "ShardStep", "shard_step"]
@@ -124,7 +125,7 @@ class StringHeap:
         shorter than the snapshot says, or holds other bytes."""
         heap = cls.__new__(cls)
         heap._data, heap._n, heap.path = bytearray(), len(ends), os.fspath(path)
-        heap._ends = np.array(ends, dtype=np.int64)
+        heap._ends = np.asarray(ends, dtype=np.int64)  # (grows by np.resize: a copy, never in place)
         size = int(ends[-1]) if len(ends) else 0
         try:
             heap._fd = os.open(heap.path, os.O_RDWR)
@@ -283,49 +284,40 @@ class Shard:
         return out
 
     def save(self, path: os.PathLike[str] | str, meta: dict | None = None) -> None:
-        """Write the shard to ``path`` (an uncompressed .npz, replaced atomically), with
-        ``meta`` (JSON-able: e.g. the changelog offset the snapshot covers)."""
-        arrays: dict[str, np.ndarray] = {
-            "meta": np.array(json.dumps(meta or {})),
-            "plan": np.array([self.plan.partitions, *self.plan.design.levels]),
-        }
+        """Write the shard to ``path`` (the arrays as they are, replaced atomically; see
+        :mod:`~streamdedup.pipeline.snapshot_file`), with ``meta`` (JSON-able: e.g. the
+        changelog offset the snapshot covers)."""
+        arrays: dict[str, np.ndarray] = {"plan": np.array([self.plan.partitions, *self.plan.design.levels])}
         for g, store in self._groups.items():
             for name, value in store.state().items():
                 arrays[f"g{g}.{name}"] = value
-        path = os.fspath(path)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)  # type: ignore[arg-type]  # (numpy's stub reads ** as allow_pickle)
-        os.replace(tmp, path)
+        write_arrays(path, arrays, meta or {})
 
     @classmethod
     def load(cls, path: os.PathLike[str] | str, plan: ShardPlan, strings: str | None = None) -> tuple[Shard, dict]:
-        """Read a shard written by :meth:`save`; returns it and its ``meta``.  ``strings``: as
-        for the constructor (a snapshot of an in-memory shard moves its strings to the files).
+        """Read a shard written by :meth:`save` (or, before that format, by ``np.savez``);
+        returns it and its ``meta``.  ``strings``: as for the constructor (a snapshot of an
+        in-memory shard moves its strings to the files).
 
         Raises ValueError if the file was written for another shard plan or is damaged, or a
         string file it needs is missing, damaged or another shard's.
         """
-        try:
-            data = np.load(os.fspath(path), allow_pickle=False)
-            arrays = {k: data[k] for k in data.files}
-        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
-            raise ValueError(f"cannot read the shard snapshot {path}: {e}") from None
+        arrays, meta = _read_snapshot(path)
         if arrays.get("plan") is None or arrays["plan"].tolist() != [plan.partitions, *plan.design.levels]:
             raise ValueError(f"the shard snapshot {path} was written for another shard plan")
         shard = cls(plan, strings)
         groups: dict[int, dict[str, np.ndarray]] = {}
         for key, value in arrays.items():
             if key.startswith("g"):
-                g, name = key[1:].split(".", 1)
-                groups.setdefault(int(g), {})[name] = value
+                number, name = key[1:].split(".", 1)
+                groups.setdefault(int(number), {})[name] = value
         try:
             for g, state in groups.items():
                 shard._groups[g] = _GroupStore.from_state(state, plan.masks[: g + 1], shard._strings_path(g))
         except BaseException:
             shard.close()
             raise
-        return shard, json.loads(str(arrays["meta"]))
+        return shard, meta
 
     def _new_group(self, g: int) -> _GroupStore:
         return _GroupStore(self.plan.group_design(g), self.plan.masks[: g + 1], self._strings_path(g))
@@ -491,9 +483,8 @@ class _GroupStore:
         store = cls.__new__(cls)
         store.mask, store.earlier = masks[-1], masks[:-1]
         store.index = HammingIndex.from_state({k[6:]: v for k, v in state.items() if k.startswith("index.")})
-        store.fetched, store.id_hash = GrowingArray(np.int64), GrowingArray(np.uint64)
-        store.fetched.extend(state["fetched"])
-        store.id_hash.extend(state["id_hash"])
+        # taken over, not copied: a snapshot's arrays are read fresh (snapshot_file)
+        store.fetched, store.id_hash = GrowingArray.of(state["fetched"]), GrowingArray.of(state["id_hash"])
         ends = state["text_ends"]
         if "texts" in state:  # a snapshot of in-memory strings (to memory, or to a new file)
             store.texts = StringHeap(strings)
@@ -510,6 +501,19 @@ class _GroupStore:
         self.fetched.extend(rec.fetched)
         self.id_hash.extend(rec.id_hash)
         self.texts.extend_raw(rec.strings, rec.lengths)
+
+
+def _read_snapshot(path: os.PathLike[str] | str) -> tuple[dict[str, np.ndarray], dict]:
+    try:
+        with open(path, "rb") as f:
+            zipped = f.read(2) == b"PK"
+        if not zipped:
+            return read_arrays(path)
+        data = np.load(os.fspath(path), allow_pickle=False)  # the format before snapshot_file
+        arrays = {k: data[k] for k in data.files}
+        return arrays, json.loads(str(arrays.pop("meta")))
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as e:
+        raise ValueError(f"cannot read the shard snapshot {path}: {e}") from None
 
 
 def _first_occurrence(id_hash: np.ndarray, fps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -75,7 +75,7 @@ def load_snapshot(
     """The shard in the snapshot at ``path`` and the changelog offset it covers, or None (with a
     warning) when the snapshot or a string file it needs is damaged or does not match the
     cluster: the caller then rebuilds the shard from the changelog.  A discarded snapshot is
-    renamed ``*.npz.discarded``.  ``strings``: the shard's string file prefix (see Shard)."""
+    renamed ``*.shard.discarded``.  ``strings``: the shard's string file prefix (see Shard)."""
     shard = None
     try:
         shard, meta = Shard.load(path, plan, strings)
@@ -146,7 +146,7 @@ class ShardStore(base.Store):
     def _snapshot_path(self, partition: int) -> Path | None:
         if self.data_dir is None:
             return None
-        return self.data_dir / f"{self.table.changelog_topic.get_topic_name()}-{partition}.npz"
+        return self.data_dir / f"{self.table.changelog_topic.get_topic_name()}-{partition}.shard"
 
     def _strings_prefix(self, partition: int) -> str | None:
         """Where a shard keeps its ids and URLs (files next to its snapshot; None: in memory)."""

@@ -74,7 +74,7 @@ def test_a_snapshot_of_a_recreated_cluster_is_discarded_and_the_worker_judges_pa
         assert [v[0]["verdict"] for v in first["verdicts"].values()] == ["unique"]
     finally:
         assert worker.stop() == 0  # SIGTERM: a snapshot of each shard goes to the data dir
-    snapshots = sorted((worker.dir / "data").rglob("*.npz"))
+    snapshots = sorted((worker.dir / "data").rglob("*.shard"))
     assert snapshots, "the worker wrote no snapshot"
 
     # the cluster loses everything: every topic of the app, internal ones included, recreated empty

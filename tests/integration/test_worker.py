@@ -307,8 +307,8 @@ def test_a_clean_stop_snapshots_the_shards_and_a_restart_answers_from_them(kafka
         produce(kafka, topics.pages, waves[0])
         wait_for_verdicts(kafka, topics, len(waves[0]))
         assert worker.stop() == 0  # SIGTERM: exits cleanly, writing a snapshot of each shard
-        snapshots = sorted((worker.dir / "data" / "snapshots").glob("*.npz"))
-        assert [p.name for p in snapshots] == [f"{topics.app_id}-shards-changelog-{i}.npz" for i in range(2)]
+        snapshots = sorted((worker.dir / "data" / "snapshots").glob("*.shard"))
+        assert [p.name for p in snapshots] == [f"{topics.app_id}-shards-changelog-{i}.shard" for i in range(2)]
         worker.start()
         assert worker.log_path.read_text().count("loaded snapshot of shard") == 2
         produce(kafka, topics.pages, waves[1])
