@@ -310,3 +310,27 @@ def test_a_file_backed_string_heap_round_trip(tmp_path):
     assert h.nbytes == h._ends.nbytes and (tmp_path / "h").stat().st_size == h.size
     reopened = StringHeap.open(tmp_path / "h", h.ends(), h.checksum())
     assert [reopened[i] for i in range(len(values))] == values
+
+
+def test_a_failed_string_write_leaves_the_shard_as_it_was(tmp_path, monkeypatch):
+    """A full disk fails the batch (the stage retries it); nothing of it is half stored."""
+    import errno
+    import os
+
+    plan = ShardPlan(TableDesign.named("16"), 1)
+    fps, fetched, id_hash, ids = pages(15, 200)
+    shard, twin = Shard(plan, str(tmp_path / "s")), Shard(plan)
+    answer_all(shard, plan, fps[:100], fetched[:100], id_hash[:100], ids[:100])
+    answer_all(twin, plan, fps[:100], fetched[:100], id_hash[:100], ids[:100])
+    real = os.pwrite
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(OSError):
+        answer_all(shard, plan, fps[100:], fetched[100:], id_hash[100:], ids[100:])
+    monkeypatch.setattr(os, "pwrite", real)
+    assert len(shard) == len(twin)
+    later = (fps[100:], fetched[100:], id_hash[100:], ids[100:])
+    assert answer_all(shard, plan, *later) == answer_all(twin, plan, *later)

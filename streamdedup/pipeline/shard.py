@@ -430,10 +430,11 @@ class _GroupStore:
             fresh = pos == start
             pos[fresh] = start + rank[first[inverse[fresh]]]
             if len(new_idx):
+                # the strings first: their write can fail (a full disk) and leaves the rest untouched.
+                # An id equal to its url (the default) is stored as "" (ids are never empty)
+                self.texts.extend([x for i in new_idx.tolist() for x in ("" if ids[i] == urls[i] else ids[i], urls[i])])
                 self.fetched.extend(fetched[new_idx])
                 self.id_hash.extend(id_hash[new_idx])
-                # an id equal to its url (the default) is stored as "" (ids are never empty)
-                self.texts.extend([x for i in new_idx.tolist() for x in ("" if ids[i] == urls[i] else ids[i], urls[i])])
                 # the batch against its own new pages: a small index of them, searched once
                 mine = HammingIndex(k=self.index.k, design=self.index.design)
                 mine.add_many(range(len(new_idx)), fps[new_idx])
@@ -497,10 +498,10 @@ class _GroupStore:
 
     def load(self, rec: Batch) -> None:
         start = len(self.id_hash)
+        self.texts.extend_raw(rec.strings, rec.lengths)  # first: the write that can fail
         self.index.add_many(range(start, start + len(rec)), rec.fps)
         self.fetched.extend(rec.fetched)
         self.id_hash.extend(rec.id_hash)
-        self.texts.extend_raw(rec.strings, rec.lengths)
 
 
 def _read_snapshot(path: os.PathLike[str] | str) -> tuple[dict[str, np.ndarray], dict]:
