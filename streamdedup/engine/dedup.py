@@ -16,9 +16,11 @@ Algorithms:
               first stored (the worker's tie-break).
 ``minhash``   LSH banding finds candidates; the match is the one with the highest estimated
               resemblance, if it reaches ``threshold``.
-``combined``  Henzinger (2006): simhash candidates within ``k`` bits, kept only when their
-              MinHash resemblance reaches ``threshold``; this trades a little recall for
-              precision.
+``combined``  simhash candidates within ``k`` bits, kept only when their MinHash resemblance
+              reaches ``threshold``; this trades a little recall for precision.  Henzinger
+              (2006) combines the two the other way round: Broder's shingles find the
+              candidate pairs and Charikar's simhash filters them.  Here the candidates come
+              from the permuted tables, which a stream can probe page by page.
 
 >>> d = Deduplicator()
 >>> [v.verdict for v in d.process(["a", "b"], ["u1", "u2"], ["one two three four"] * 2)]
