@@ -121,7 +121,13 @@ class WorkerProcess:
             stderr=subprocess.STDOUT,
             cwd=self.dir,
         )
-        self.wait_for_log(READY, timeout, since=start)
+        try:
+            self.wait_for_log(READY, timeout, since=start)
+        except BaseException:  # never leave a worker running after a failed start (no __exit__ follows)
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(10)
+            raise
         return self
 
     def wait_for_log(self, text: str, timeout: float, since: int = 0) -> None:
