@@ -21,7 +21,11 @@ from aiokafka import AIOKafkaProducer
 from stream_harness import StreamTopics, WorkerProcess, page_record, produce, wait_until_committed
 from topics import read_topic
 
+from streamdedup.pipeline.pending import Pending
+from streamdedup.pipeline.routing import Topics
+from streamdedup.settings import Settings
 from streamdedup.stream.app import FAULT_ENV
+from streamdedup.stream.outbox import Outbox
 
 pytestmark = pytest.mark.kafka
 
@@ -113,3 +117,15 @@ def test_transaction_markers_in_the_pages_topic_are_committed_past(kafka, tmp_pa
     assert "hold no record (transaction markers or compaction); skipped" in log
     assert sorted(found) == [(0, o) for o in [*range(5), *range(6, 11), *range(12, 15)]]
     assert all(len(o) == 1 for o in found.values()), found
+
+    # the outbox's own reads, as the worker uses them: a range across a marker, the committed offsets
+    def outbox(app_id: str) -> Outbox:
+        settings = Settings(brokers=(kafka.bootstrap,), app_id=app_id, pages_topic=topics.pages)
+        return Outbox(settings, Topics("u", "n", "v", "d"), Pending(n_groups=1))
+
+    records, reached = asyncio.run(outbox(topics.app_id).read_range(0, 4, 7))
+    assert ([r.offset for r in records], reached) == ([4, 6, 7], True)
+    records, reached = asyncio.run(outbox(topics.app_id).read_range(0, 13, 20, timeout=3.0))
+    assert ([r.offset for r in records], reached) == ([13, 14], False)  # (20 is not written yet)
+    assert asyncio.run(outbox(topics.app_id).read_committed([0])) == {0: 15}
+    assert asyncio.run(outbox(f"{topics.app_id}-none").read_committed([0])) == {0: 0}  # none: the beginning
