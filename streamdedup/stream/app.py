@@ -545,16 +545,16 @@ class Worker:
         like the others.  Not at once: a hole is also what recovery leaves for a moment when it
         hands out records fetched before its seek back to the committed offset.  An offset the
         read passes without a record (a transaction marker, or compacted) is let be; one that
-        cannot be read HOLE_READS times is given up with a warning, so a partition is never
-        stuck for good."""
+        HOLE_READS reads in a row cannot reach is given up with a warning, so a partition is
+        never stuck for good."""
         failures = 0
         while True:
             await asyncio.sleep(HOLE_RECHECK_SECONDS)
             offsets = self.outbox.offsets.get(partition)
             if generation != self._generation or offsets is None or (hole := offsets.hole()) is None:
                 return
-            first, last = hole
-            missing = offsets.missing(first, last)
+            missing = offsets.missing(*hole)
+            first, last = missing[0], missing[-1]  # (reading to the last one missing tells about each)
             log.info(
                 "partition %d: %d offsets from %d to %d were not delivered (%s); reading them",
                 partition,
@@ -572,6 +572,8 @@ class Worker:
                 return
             found = [r for r in records if offsets.deliver(r.offset) is not Delivery.DUPLICATE]
             self._fillers += [_Reread(_ReadMessage.of(r)) for r in found]
+            if found:
+                failures = 0  # progress: only reads that bring nothing count towards giving up
             if gone := offsets.missing(first, last):
                 if reached:
                     log.info(
