@@ -76,7 +76,8 @@ def run(values: list[tuple[bytes, str | None]], limits: dict[str, int]):
         else:
             pending.add_bad(0, offset, reason, "bad", key=f"p{offset}".encode(), value=value)
     outbox = Outbox(Settings(pages_topic="in"), Topics("u", "n", "v", "d"), pending, on_sent=released.extend)
-    outbox.owned = {0}
+    outbox.assign({0})
+    outbox.start(0, 0)  # the committed offset, as read at assignment
     producers = []
 
     async def producer(partition):
@@ -131,3 +132,63 @@ def test_a_dead_letter_refused_even_truncated_goes_without_its_value():
 def test_a_topic_that_refuses_everything_keeps_the_records_waiting():
     log, sent, released, _ = run([(b"a", None), (b"b", None)], {"u": 0, "d": 0})
     assert (sent, log, released) == (0, [], [])
+
+
+def holed(offsets: list[int], committed: int | None):
+    """An outbox owning partition 0 whose judged records are ``offsets`` (done pages), with its
+    committed offset read at assignment (None: not yet)."""
+    pending, log, released = Pending(n_groups=1), [], []
+    for offset in offsets:
+        req = pending.add_page(
+            0, offset, page_id=f"p{offset}", url=f"http://a/{offset}", fingerprint=1, key=b"k", value=b"v"
+        )
+        pending.answer_one(req, 0, -1)
+    outbox = Outbox(Settings(pages_topic="in"), Topics("u", "n", "v", "d"), pending, on_sent=released.extend)
+    outbox.assign({0})
+    for offset in offsets:
+        outbox.tracker(0).deliver(offset)
+    if committed is not None:
+        outbox.start(0, committed)
+    producer = RefusingProducer(log, {})
+
+    async def get(partition):
+        return producer
+
+    outbox._producer = get
+    return outbox, log, released
+
+
+def test_the_outbox_commits_nothing_before_the_committed_offset_is_known():
+    outbox, log, _ = holed([5, 6], None)
+    assert asyncio.run(outbox.flush(0)) == 0 and log == []
+    outbox.start(0, 5)
+    assert asyncio.run(outbox.flush(0)) == 2 and log[-1][1] == {0: 7}
+
+
+def test_the_outbox_never_commits_past_an_offset_it_has_not_judged():
+    outbox, log, released = holed([11, 12], 10)  # the first record after the assignment is 11
+    assert asyncio.run(outbox.flush(0)) == 0 and log == []  # (the old outbox committed 13)
+    outbox, log, released = holed([10, 11, 13, 14], 10)  # a hole in the middle
+    assert asyncio.run(outbox.flush(0)) == 2 and log[-1][1] == {0: 12}
+    assert [w.offset for w in released] == [10, 11]
+    assert outbox.committed[0] == 12
+    # 12 read again and judged: the rest goes out
+    req = outbox.pending.add_page(0, 12, page_id="p12", url="u", fingerprint=1, key=b"k", value=b"v")
+    outbox.pending.answer_one(req, 0, -1)
+    outbox.tracker(0).deliver(12)
+    assert asyncio.run(outbox.flush(0)) == 3 and log[-1][1] == {0: 15}
+
+
+def test_the_outbox_commits_past_an_offset_shown_to_hold_no_record():
+    outbox, log, released = holed([10, 12], 10)
+    assert asyncio.run(outbox.flush(0)) == 1
+    outbox.tracker(0).mark_empty([11])  # a transaction marker
+    assert asyncio.run(outbox.flush(0)) == 1 and log[-1][1] == {0: 13}
+
+
+def test_records_judged_below_the_committed_offset_are_released_not_sent():
+    outbox, log, released = holed([8, 9, 10], None)  # taken before the committed offset was known
+    outbox.start(0, 10)
+    assert asyncio.run(outbox.flush(0)) == 1
+    assert [w.offset for w in released] == [10] and log[-1][1] == {0: 11}
+    assert outbox.pending.ready(0) == []

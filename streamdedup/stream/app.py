@@ -27,6 +27,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from streamdedup.index.hamming import HammingIndex
 from streamdedup.pipeline.intake import Intake, Record, fingerprint_contents, parse
+from streamdedup.pipeline.offsets import Delivery
 from streamdedup.pipeline.pending import Pending, Waiting
 from streamdedup.pipeline.routing import Topics
 from streamdedup.pipeline.shard import ShardPlan, shard_step
@@ -52,12 +53,14 @@ CHECKS_PER_PROCESS = 4  # POST /check requests in progress per fingerprinting pr
 # the first failure and twice as long after each next one (at most RETRY_MAX): 0.2+0.4+0.8+1.6 s
 RETRY_ATTEMPTS, RETRY_FIRST, RETRY_MAX = 5, 0.2, 5.0
 OFFSETS_TIMEOUT = 10.0  # seconds a rebalance callback waits for an offsets request
-HOLE_RECHECK_SECONDS = 1.0  # a hole in a pages partition is re-read after this (see _check_hole)
+HOLE_RECHECK_SECONDS = 1.0  # a hole in a pages partition is read after this (see _fill_holes)
+HOLE_READS = 3  # reads of a hole that fail before the worker gives up on it (commits past it, loudly)
 FAILED = -2  # an answer row's distance when its shard gave up on the probe (the id column holds why)
 #: test hook, never set in production: ``<stage>:<n>`` makes that stage (shard, answers) raise on
 #: its first n batches; ``<stage>:id=<text>`` on every batch holding a page whose id contains text;
 #: ``stop`` makes a stop (SIGTERM) hang, for the stop deadline; ``check:id=<text>`` makes a POST
-#: /check whose body contains text answer CHECK_FAULT_DELAY seconds late
+#: /check whose body contains text answer CHECK_FAULT_DELAY seconds late; ``skip:<partition>:<offset>[,...]``
+#: drops those pages records the first time the consumer delivers them, as faust can (docs/faust-notes.md §10)
 FAULT_ENV = "TEST_STREAMDEDUP_FAULT"  # (not STREAMDEDUP_*: settings refuse unknown ones)
 CHECK_FAULT_DELAY = 2.0
 
@@ -107,7 +110,10 @@ class Worker:
         # bumped at every revocation: work started under an earlier assignment is dropped, never
         # mixed into the next one (its records are read again from the committed offset)
         self._generation = 0
-        self._holes: set[tuple[int, int]] = set()  # (partition, first skipped offset) re-read once
+        # records that fill a hole (delivered below an offset delivered before): judged first,
+        # whatever the back-pressure, since the records after them cannot be committed until they are
+        self._fillers: list[Any] = []
+        self._hole_tasks: dict[int, tuple[int, asyncio.Task]] = {}  # partition -> (generation, _fill_holes)
         self._seen: dict[int, int] = {}  # input partition -> the next offset not buffered yet
         # pages read but not yet judged, at most: bounds memory and latency, and lets the shard and
         # answers stages run instead of the pages stage reading a whole backlog first
@@ -173,12 +179,7 @@ class Worker:
         @app.agent(pages, name="pages")
         async def pages_agent(stream):
             async for event in stream.noack().events():
-                self._buffer.append(event)
-                m = event.message
-                self._check_hole(m.partition, m.offset)
-                self._seen[m.partition] = max(self._seen.get(m.partition, 0), m.offset + 1)
-                if len(self._buffer) >= s.batch_size:
-                    self._kick()  # never await here: faust drops events when an agent's body blocks
+                self._deliver(event)
 
         @app.task
         async def batch_timer():  # a partial batch waits at most batch_timeout
@@ -276,6 +277,7 @@ class Worker:
             self.metrics.rebalances.inc()
             gone = {tp.partition for tp in revoked if tp.topic == s.pages_topic}
             self._buffer = [e for e in self._buffer if e.message.partition not in gone]
+            self._fillers = [e for e in self._fillers if e.message.partition not in gone]
             for p in gone:
                 self._taken.pop(p, None)  # a new assignment starts again from the committed offset
                 self._seen.pop(p, None)
@@ -284,7 +286,7 @@ class Worker:
 
         @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # (as above)
         async def on_assigned(sender, assigned, **kwargs):
-            self.outbox.owned = {tp.partition for tp in assigned if tp.topic == s.pages_topic}
+            self.outbox.assign({tp.partition for tp in assigned if tp.topic == s.pages_topic})
             self._assigned = set(assigned)
             self._recovery_started = time.monotonic()
             self.metrics.recovery_restored.set(0)
@@ -292,7 +294,7 @@ class Worker:
             # consumer that is running the rebalance (a SIGTERM then hung past 30 s).  The partitions
             # stay paused until recovery ends, so the seek still lands before they are read.
             self._seek_task = asyncio.ensure_future(
-                self._seek_uncommitted({tp for tp in assigned if tp.topic == s.pages_topic})
+                self._seek_uncommitted({tp for tp in assigned if tp.topic == s.pages_topic}, self._generation)
             )
 
         if self.faults.stage == "stop":  # the test hook: a stop that never ends (see arm_stop_deadline)
@@ -304,26 +306,51 @@ class Worker:
 
         return app
 
-    async def _seek_uncommitted(self, tps: set) -> None:
-        """Seek the pages partitions that have no committed offset yet to their first record.
+    async def _seek_uncommitted(self, tps: set, generation: int) -> None:
+        """Seek the pages partitions that have no committed offset yet to their first record, and
+        tell the outbox where each partition's commits start (its committed offset, else its
+        beginning): nothing before it is judged again, and nothing after it is committed past
+        until judged (docs/faust-notes.md §10).
         faust seeks only partitions with a committed offset, and a pages partition this worker
         took over before any offset was committed was never fetched (docs/faust-notes.md §9).
         The partitions are paused until recovery ends, so the position holds until then."""
         if not tps:
             return
+        starts: dict[int, int] = {}
         try:
             committed = await asyncio.wait_for(cast(Any, self.app.consumer).seek_to_committed(), OFFSETS_TIMEOUT)
             missing = [tp for tp in tps if committed.get(tp) is None or committed[tp] < 0]
+            starts = {tp.partition: committed[tp] for tp in tps if tp not in missing}
             if missing:
                 earliest = await asyncio.wait_for(self.app.consumer.earliest_offsets(*missing), OFFSETS_TIMEOUT)
                 for tp in missing:
-                    await self.app.consumer.seek(tp, earliest.get(tp) or 0)
+                    starts[tp.partition] = earliest.get(tp) or 0
+                    await self.app.consumer.seek(tp, starts[tp.partition])
                 log.info(
                     "no committed offset yet for pages partitions %s: reading them from the start",
                     sorted(tp.partition for tp in missing),
                 )
         except Exception:
             log.exception("cannot seek the uncommitted pages partitions %s", sorted(tp.partition for tp in tps))
+            starts = await self._read_starts(sorted(tp.partition for tp in tps), generation)
+        if generation != self._generation:
+            return
+        for p, offset in starts.items():
+            if p in self.outbox.owned:
+                self.outbox.start(p, offset)
+                self.outbox.schedule(p)  # records judged before it was known may be ready
+                self._watch_holes(p)
+
+    async def _read_starts(self, partitions: list[int], generation: int) -> dict[int, int]:
+        """The committed offsets, read again until it works (the outbox commits nothing of a
+        partition before it knows where its commits start)."""
+        while generation == self._generation:
+            try:
+                return await asyncio.wait_for(self.outbox.read_committed(partitions), OFFSETS_TIMEOUT)
+            except Exception as e:
+                log.warning("cannot read the committed offsets of pages partitions %s (%r); retrying", partitions, e)
+                await asyncio.sleep(HOLE_RECHECK_SECONDS)
+        return {}
 
     @property
     def store(self) -> ShardStore:
@@ -343,6 +370,7 @@ class Worker:
         events = [e for e in events if self._take(e.message.partition, e.message.offset)]
         if not events:
             return
+        trackers = {p: self.outbox.offsets.get(p) for p in {e.message.partition for e in events}}
         records = [
             Record(
                 e.message.partition,
@@ -390,6 +418,10 @@ class Worker:
         try:
             if isinstance(error, _Stale) or generation != self._generation:
                 log.info("dropping a batch of %d records taken before a rebalance", len(records))
+                for p, offsets in trackers.items():  # a partition kept across the rebalance reads them again
+                    if offsets is not None and self.outbox.offsets.get(p) is offsets:
+                        offsets.forget([r.offset for r in records if r.partition == p])
+                        self._watch_holes(p)
                 partitions = set()
             elif error is not None:  # a bug, not bad input: never lose the records
                 self.metrics.errors.labels("pages").inc()
@@ -443,6 +475,11 @@ class Worker:
         that the pages partitions are paused until the backlog halves (bounded memory, and the
         shard and answers stages get the event loop).  Never blocks."""
         size = self.settings.batch_size
+        while self._fillers and self._in_flight < 2:  # whatever is waiting: they hold back the commits
+            events, self._fillers = self._fillers[:size], self._fillers[size:]
+            self._in_flight += 1
+            task = asyncio.get_running_loop().create_task(self.drain(events, self._generation))
+            task.add_done_callback(self._drained)
         while (
             self._buffer
             and self._in_flight < 2
@@ -453,7 +490,7 @@ class Worker:
             self._in_flight += 1
             task = asyncio.get_running_loop().create_task(self.drain(events, self._generation))
             task.add_done_callback(self._drained)
-        backlog = len(self.pending) + len(self._buffer)
+        backlog = len(self.pending) + len(self._buffer) + len(self._fillers)
         tps = {tp for tp in self._assigned if tp.topic == self.settings.pages_topic}
         if not self._paused and backlog >= 2 * self._max_waiting and tps:
             self.app.consumer.pause_partitions(tps)
@@ -475,40 +512,99 @@ class Worker:
         if generation == self._generation:
             self.app.consumer.resume_partitions(tps)
 
-    def _check_hole(self, partition: int, offset: int) -> None:
-        """Read a partition again from the first offset it skipped, once per hole.
-
-        A record can be skipped between two delivered ones: a back-pressure resume (`_resume`)
-        races the consumer's current batch, which goes on yielding the partition's later records
-        after the seek, and faust's read offset then drops the re-fetched earlier one
-        (docs/faust-notes.md §10).  The outbox would commit past it.  So a hole in what the pages
-        agent receives is re-read; a hole that is still there after one re-read is real (the
-        offsets of transaction markers or compacted records) and is let be."""
-        expected = self._seen.get(partition)
-        if expected is None or offset <= expected or (partition, expected) in self._holes:
+    def _deliver(self, event: Any) -> None:
+        """The pages agent's body: buffer a record the consumer delivered.  Never awaits: faust
+        drops events when an agent's body blocks (docs/faust-notes.md §7)."""
+        m = event.message
+        if (m.partition, m.offset) in self.faults.skip:  # the test hook: lost as faust can lose it
+            log.warning("test hook %s: dropping pages offset %d of partition %d", FAULT_ENV, m.offset, m.partition)
+            self.faults.skip.discard((m.partition, m.offset))
             return
-        self._holes.add((partition, expected))
-        if len(self._holes) > 10_000:
-            self._holes.clear()
-        log.info("partition %d: offsets %d..%d were skipped; checking them again", partition, expected, offset - 1)
-        tp = next(
-            (tp for tp in self._assigned if tp.topic == self.settings.pages_topic and tp.partition == partition), None
-        )
-        if tp is not None:
-            asyncio.get_running_loop().create_task(self._reread(tp, expected, self._generation))
+        delivery = self.outbox.tracker(m.partition).deliver(m.offset)
+        if delivery is Delivery.DUPLICATE:  # read again (a seek back): buffered or judged already
+            return
+        (self._fillers if delivery is Delivery.FILLER else self._buffer).append(event)
+        self._seen[m.partition] = max(self._seen.get(m.partition, 0), m.offset + 1)
+        self._watch_holes(m.partition)
+        if len(self._buffer) >= self.settings.batch_size or self._fillers:
+            self._kick()
 
-    async def _reread(self, tp: Any, offset: int, generation: int) -> None:
-        # later, not at once: the batch that skipped the record may still be yielding the
-        # partition's later records, and each one it yields after the seek moves faust's read
-        # offset past the re-fetched one again (the same race); by then it is over
-        await asyncio.sleep(HOLE_RECHECK_SECONDS)
-        p = tp.partition
-        arrived = offset in self._taken.get(p, ()) or any(
-            e.message.partition == p and e.message.offset == offset for e in self._buffer
-        )
-        if generation == self._generation and not arrived and offset >= self.outbox.committed.get(p, -1):
-            log.info("partition %d: offset %d still missing; seeking back to it", p, offset)
-            await self.app.consumer.seek(tp, offset)
+    def _watch_holes(self, partition: int) -> None:
+        """Start filling the partition's holes if it has one and no filler runs for it now."""
+        offsets = self.outbox.offsets.get(partition)
+        if offsets is None or offsets.hole() is None:
+            return
+        running = self._hole_tasks.get(partition)
+        if running is not None and running[0] == self._generation and not running[1].done():
+            return
+        task = asyncio.get_running_loop().create_task(self._fill_holes(partition, self._generation))
+        self._hole_tasks[partition] = (self._generation, task)
+
+    async def _fill_holes(self, partition: int, generation: int) -> None:
+        """Read the records the consumer did not deliver, and judge them.
+
+        faust can drop a record it fetched again after a pause/seek/resume or after recovery's
+        seek, its read offset raised past it by a stale fetch, the first record of an assignment
+        included (docs/faust-notes.md §10).  The outbox does not commit past such a hole, so
+        the hole is read here, by a consumer of the outbox's own, and its records are judged
+        like the others.  Not at once: a hole is also what recovery leaves for a moment when it
+        hands out records fetched before its seek back to the committed offset.  An offset the
+        read passes without a record (a transaction marker, or compacted) is let be; one that
+        HOLE_READS reads in a row cannot reach is given up with a warning, so a partition is
+        never stuck for good."""
+        failures = 0
+        while True:
+            await asyncio.sleep(HOLE_RECHECK_SECONDS)
+            offsets = self.outbox.offsets.get(partition)
+            if generation != self._generation or offsets is None or (hole := offsets.hole()) is None:
+                return
+            missing = offsets.missing(*hole)
+            first, last = missing[0], missing[-1]  # (reading to the last one missing tells about each)
+            log.info(
+                "partition %d: %d offsets from %d to %d were not delivered (%s); reading them",
+                partition,
+                len(missing),
+                first,
+                last,
+                _spans(missing),
+            )
+            try:
+                records, reached = await self.outbox.read_range(partition, first, last)
+            except Exception as e:
+                log.warning("partition %d: cannot read offsets %d to %d (%r)", partition, first, last, e)
+                records, reached = [], False
+            if generation != self._generation or self.outbox.offsets.get(partition) is not offsets:
+                return
+            found = [r for r in records if offsets.deliver(r.offset) is not Delivery.DUPLICATE]
+            self._fillers += [_Reread(_ReadMessage.of(r)) for r in found]
+            if found:
+                failures = 0  # progress: only reads that bring nothing count towards giving up
+            if gone := offsets.missing(first, last):
+                if reached:
+                    log.info(
+                        "partition %d: offsets %s hold no record (transaction markers or compaction); skipped",
+                        partition,
+                        _spans(gone),
+                    )
+                    self.metrics.offsets_skipped.labels("empty").inc(len(gone))
+                    offsets.mark_empty(gone)
+                elif (failures := failures + 1) >= HOLE_READS:
+                    log.warning(
+                        "partition %d: offsets %s were not delivered and could not be read %d times; "
+                        "committing past them without an outcome",
+                        partition,
+                        _spans(gone),
+                        failures,
+                    )
+                    self.metrics.offsets_skipped.labels("unread").inc(len(gone))
+                    offsets.mark_empty(gone)
+                    failures = 0
+            if found:
+                log.info(
+                    "partition %d: %d records read again (%s)", partition, len(found), _spans([r.offset for r in found])
+                )
+                self._kick()
+            self.outbox.schedule(partition)
 
     def _drained(self, task: asyncio.Task) -> None:
         self._in_flight -= 1
@@ -673,17 +769,55 @@ class _Stale(Exception):
     """A batch taken under an assignment that has been revoked since."""
 
 
+@dataclass
+class _ReadMessage:
+    """A pages record read by the outbox's own consumer (:meth:`Outbox.read_range`), shaped as
+    the part of faust's message the pages stage reads."""
+
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Any
+    timestamp: float  # seconds, as faust's
+
+    @classmethod
+    def of(cls, r: Any) -> _ReadMessage:
+        return cls(r.partition, r.offset, r.key, r.value, list(r.headers or []), r.timestamp / 1000.0)
+
+
+@dataclass
+class _Reread:
+    message: _ReadMessage
+
+
+def _spans(offsets: list[int]) -> str:
+    """``[3, 4, 5, 9]`` as ``3-5, 9`` (for a log line)."""
+    out: list[str] = []
+    for o in sorted(offsets):
+        if out and out[-1].split("-")[-1] == str(o - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{o}"
+        else:
+            out.append(str(o))
+    return ", ".join(out[:20]) + (f", ... ({len(out)} spans)" if len(out) > 20 else "")
+
+
 class _Faults:
     """The test hook behind FAULT_ENV (documented there); empty and falsy unless it is set."""
 
-    def __init__(self, stage: str = "", times: int = 0, match: str | None = None) -> None:
-        self.stage, self.times, self.match = stage, times, match
+    def __init__(
+        self, stage: str = "", times: int = 0, match: str | None = None, skip: set[tuple[int, int]] | None = None
+    ) -> None:
+        self.stage, self.times, self.match, self.skip = stage, times, match, skip or set()
 
     @classmethod
     def from_env(cls, spec: str) -> _Faults:
         if not spec:
             return cls()
         stage, _, what = spec.partition(":")
+        if stage == "skip":
+            pairs = [item.split(":") for item in what.split(",")]
+            return cls(stage, skip={(int(p), int(o)) for p, o in pairs})
         if what.startswith("id="):
             return cls(stage, 0, what[3:])
         return cls(stage, int(what or "1"))

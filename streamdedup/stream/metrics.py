@@ -50,6 +50,7 @@ class Metrics:
     recovery_seconds: Gauge
     consumer_lag: Gauge
     rebalances: Counter
+    offsets_skipped: Counter
     errors: Counter
     index_memory_limit: Gauge
     worker_memory: Gauge
@@ -119,6 +120,13 @@ class Metrics:
                 **r,
             ),
             rebalances=Counter("streamdedup_rebalances", "Consumer group rebalances this worker took part in.", **r),
+            offsets_skipped=Counter(
+                "streamdedup_offsets_skipped",
+                "Pages offsets the outbox committed past without a record: empty (a read found no record "
+                "there: a transaction marker or compaction) or unread (the worker could not read it).",
+                ["why"],
+                **r,
+            ),
             errors=Counter(
                 "streamdedup_errors",
                 "Unexpected errors, by stage. pages: the batch went to the "

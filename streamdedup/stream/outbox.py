@@ -15,6 +15,12 @@ the records before the first suspect, then the suspect alone: refused again, it 
 (a record refused next to others may only have shared their produce batch).  A convicted
 page becomes a dead letter with reason ``too_large_for_topic``; a convicted dead letter is
 sent shrunk (:func:`~streamdedup.pipeline.routing.outputs`, ``shrink``), never dropped.
+
+A flush commits only over judged records that follow the committed offset and each other with no
+gap (:class:`~streamdedup.pipeline.offsets.PartitionOffsets`, one per owned partition): a record the
+consumer dropped (docs/faust-notes.md §10) holds the partition's commits back until the worker has
+read it again and judged it, or a read showed its offset holds no record.  Nothing is committed
+for a partition before its committed offset has been read at assignment (:meth:`Outbox.start`).
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import (
     CorruptRecordException,
     KafkaError,
@@ -34,6 +41,7 @@ from aiokafka.errors import (
     RecordTooLargeError,
 )
 
+from streamdedup.pipeline.offsets import PartitionOffsets
 from streamdedup.pipeline.pending import Pending, Waiting
 from streamdedup.pipeline.routing import Topics, outputs
 from streamdedup.settings import Settings
@@ -74,6 +82,7 @@ class Outbox:
         self.committed: dict[int, int] = {}  # partition -> next offset, as committed by this worker
         self._dirty: set[int] = set()
         self.owned: set[int] = set()  # input partitions assigned to this worker now
+        self.offsets: dict[int, PartitionOffsets] = {}  # owned partition -> offsets delivered, judged, empty
         self._tasks: dict[int, asyncio.Task] = {}
         self._suspects: dict[int, dict[int, str]] = {}  # partition -> offset -> why its send failed
         self._shrink: dict[tuple[int, int], int] = {}  # (partition, offset) -> dead letter shrink level
@@ -99,6 +108,27 @@ class Outbox:
             await p.start()  # init_transactions: fences an earlier owner of this partition
             self._producers[partition] = p
         return p
+
+    def assign(self, partitions: set[int]) -> None:
+        """The input partitions assigned now; each one not kept from before waits for its
+        committed offset (:meth:`start`) before anything of it is committed."""
+        self.owned = set(partitions)
+        for p in [p for p in self.offsets if p not in partitions]:
+            del self.offsets[p]
+        for p in partitions:
+            self.offsets.setdefault(p, PartitionOffsets())
+
+    def tracker(self, partition: int) -> PartitionOffsets:
+        """The partition's offsets (created on first use: a record delivered before its assignment
+        was seen is noted too)."""
+        return self.offsets.setdefault(partition, PartitionOffsets())
+
+    def start(self, partition: int, committed: int) -> None:
+        """The committed offset of an assigned partition, read at assignment (its beginning if
+        none): commits start from there, and records below it are not taken again.  (The caller
+        schedules a flush: records judged before it was known may be ready.)"""
+        self.tracker(partition).start(committed)
+        self.committed[partition] = committed
 
     def schedule(self, partition: int) -> None:
         """Flush ``partition`` in the background (the partitions' transactions run concurrently,
@@ -132,7 +162,8 @@ class Outbox:
                 n = self.pending.drop(partition)
                 log.info("partition %d is not ours (any more): %d records left to its owner", partition, n)
                 return 0
-            while ready := self.pending.ready(partition):
+            offsets = self.tracker(partition)
+            while ready := self._contiguous(partition, offsets):
                 ready = self._next_transaction(partition, ready)
                 try:
                     await self._commit(partition, ready)
@@ -159,10 +190,24 @@ class Outbox:
                     if suspects:
                         suspects.pop(w.offset, None)
                 self.committed[partition] = ready[-1].offset + 1
+                offsets.commit(ready[-1].offset + 1)
                 sent += len(ready)
                 if self.on_sent is not None:
                     self.on_sent(ready)
         return sent
+
+    def _contiguous(self, partition: int, offsets: PartitionOffsets) -> list[Waiting]:
+        """The done records at the head of ``partition`` that follow the committed offset with no
+        gap but offsets known to hold no record: a record not judged yet (one the consumer
+        dropped, waiting to be read again) holds back everything after it."""
+        ready = self.pending.ready(partition)
+        if offsets.committed is not None and ready and ready[0].offset < offsets.committed:
+            # taken before the committed offset was known (recovery hands out records fetched
+            # before its seek): committed already, by this partition's earlier owner
+            below = [w for w in ready if w.offset < offsets.committed]
+            self.pending.release(partition, below)
+            ready = ready[len(below) :]
+        return ready[: offsets.committable([w.offset for w in ready])]
 
     def _next_transaction(self, partition: int, ready: list[Waiting]) -> list[Waiting]:
         """``ready`` up to the first suspect, or that suspect alone if it is the head."""
@@ -299,10 +344,64 @@ class Outbox:
                 handle.cancel()
             self.pending.drop(partition)
             self.committed.pop(partition, None)
+            self.offsets.pop(partition, None)
             self._suspects.pop(partition, None)
             for key in [k for k in self._shrink if k[0] == partition]:
                 del self._shrink[key]
             await self._close(partition)
+
+    async def read_range(self, partition: int, first: int, last: int, timeout: float = 10.0) -> tuple[list, bool]:
+        """The records of pages partition ``partition`` from offset ``first`` to ``last``, read by
+        a consumer of its own (outside faust's, whose read offset can drop a re-fetched record,
+        docs/faust-notes.md §10).  The flag is True when the read reached ``last``: an offset in
+        the range it did not return holds no record (a transaction marker, or compacted)."""
+        consumer = AIOKafkaConsumer(
+            **self.settings.aiokafka_kwargs(),
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_uncommitted",  # as faust's consumer reads the pages (no exactly_once there)
+            max_partition_fetch_bytes=max(1_048_576, 2 * self.settings.max_page_bytes),
+            client_id=f"{self.settings.app_id}-reread-{partition}",
+        )
+        tp = TopicPartition(self.settings.pages_topic, partition)
+        await consumer.start()
+        try:
+            consumer.assign([tp])
+            consumer.seek(tp, first)
+            records: list = []
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                batches = await consumer.getmany(tp, timeout_ms=500)
+                for r in batches.get(tp, []):
+                    if r.offset > last:
+                        return records, True
+                    records.append(r)
+                if (records and records[-1].offset >= last) or await consumer.position(tp) > last:
+                    return records, True
+            return records, False
+        finally:
+            await consumer.stop()
+
+    async def read_committed(self, partitions: list[int]) -> dict[int, int]:
+        """The committed offset of each pages partition (its beginning when it has none), read
+        with clients of their own: the fallback when faust's consumer could not say at assignment."""
+        tps = [TopicPartition(self.settings.pages_topic, p) for p in partitions]
+        admin = AIOKafkaAdminClient(**self.settings.aiokafka_kwargs())
+        await admin.start()
+        try:
+            committed = await admin.list_consumer_group_offsets(self.settings.app_id, partitions=tps)
+        finally:
+            await admin.close()
+        out = {tp.partition: meta.offset for tp, meta in committed.items() if meta is not None and meta.offset >= 0}
+        if missing := [tp for tp in tps if tp.partition not in out]:
+            consumer = AIOKafkaConsumer(**self.settings.aiokafka_kwargs(), group_id=None, enable_auto_commit=False)
+            await consumer.start()
+            try:
+                for tp, offset in (await consumer.beginning_offsets(missing)).items():
+                    out[tp.partition] = offset
+            finally:
+                await consumer.stop()
+        return out
 
     def describe(self) -> str:
         return ", ".join(f"{p}: {'busy' if lock.locked() else 'idle'}" for p, lock in sorted(self._locks.items()))
