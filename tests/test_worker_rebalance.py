@@ -243,26 +243,3 @@ def test_a_hole_is_filled_even_when_back_pressure_stops_new_batches(assigned):
         assert worker.outbox.tracker(1).committable(waiting_offsets(worker, 1)) == len(worker.pending)
 
     asyncio.run(scenario())
-
-
-def test_a_shard_step_never_touches_a_shard_partition_given_away(worker):
-    """The shard stage runs in a thread; a batch of probes taken before a revocation may run after
-    it.  Its probes of the partitions given away are dropped (their new owner reads them), so the
-    step makes no new, empty shard there (whose string files would overwrite the snapshot's)."""
-    from faust.types import TP as FaustTP
-
-    from streamdedup.pipeline.wire import PROBES, Batch, encode
-
-    probe = encode(Batch.build(group=0, fps=5, fetched=1, id_hash=9, ids=["p"], urls=["http://p.test/"]), PROBES)
-
-    async def scenario() -> None:
-        topic = worker.probes_topic.get_topic_name()
-        await worker.app.on_partitions_assigned.send({FaustTP(topic, 0), FaustTP(topic, 1)})
-        step = worker._shard_step([(0, probe), (1, probe)])
-        assert sorted(step.shards) == [0, 1]
-        await worker.app.on_partitions_revoked.send({FaustTP(topic, 1)})
-        worker.store.shards.pop(1).close()  # as the store's rebalance does
-        step = worker._shard_step([(0, probe), (1, probe)])
-        assert sorted(step.shards) == [0] and sorted(worker.store.shards) == [0]
-
-    asyncio.run(scenario())

@@ -242,11 +242,11 @@ class Shard:
 
     def __len__(self) -> int:
         """Stored (page, group) entries."""
-        return sum(len(g.index) for g in list(self._groups.values()))  # (list: read from another thread)
+        return sum(len(g.index) for g in self._groups.values())
 
     @property
     def nbytes(self) -> int:
-        return sum(g.nbytes for g in list(self._groups.values()))
+        return sum(g.nbytes for g in self._groups.values())
 
     def probe_and_insert(
         self,

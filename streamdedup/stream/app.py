@@ -18,7 +18,6 @@ import os
 import struct
 import time
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -126,10 +125,6 @@ class Worker:
         self._turn = asyncio.Condition()
         self._tickets = self._next_ticket = 0
         self._pool = fingerprint_pool(s.fingerprint_processes) if s.fingerprint_processes else None
-        self._shard_thread = ThreadPoolExecutor(1, thread_name_prefix="shard-step")
-        # the shard partitions this worker owns (None: not known yet); a step never touches another,
-        # so a batch taken before a revocation cannot make a new, empty shard of a partition given away
-        self._shard_partitions: set[int] | None = None
         self._writer = struct.pack("<Q", int(time.time() * 1e6))  # changelog keys: unique per incarnation
         self._seq = 0
         self._recovery_started: float | None = None
@@ -280,11 +275,6 @@ class Worker:
         async def on_revoked(sender, revoked, **kwargs):
             self._generation += 1  # first, before any await: batches in flight now are stale
             self.metrics.rebalances.inc()
-            if self._shard_partitions is not None:
-                probes_name = self.probes_topic.get_topic_name()
-                self._shard_partitions = self._shard_partitions - {
-                    tp.partition for tp in revoked if tp.topic == probes_name
-                }
             gone = {tp.partition for tp in revoked if tp.topic == s.pages_topic}
             self._buffer = [e for e in self._buffer if e.message.partition not in gone]
             self._fillers = [e for e in self._fillers if e.message.partition not in gone]
@@ -297,8 +287,6 @@ class Worker:
         @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # (as above)
         async def on_assigned(sender, assigned, **kwargs):
             self.outbox.assign({tp.partition for tp in assigned if tp.topic == s.pages_topic})
-            probes_name = self.probes_topic.get_topic_name()
-            self._shard_partitions = {tp.partition for tp in assigned if tp.topic == probes_name}
             self._assigned = set(assigned)
             self._recovery_started = time.monotonic()
             self.metrics.recovery_restored.set(0)
@@ -624,19 +612,7 @@ class Worker:
             log.error("a pages batch failed", exc_info=task.exception())
         self._kick()
 
-    def _shard_step(self, messages: list) -> Any:
-        with self.store.lock:  # the store's other writers (recovery, rebalance, stop) wait for it
-            owned = self._shard_partitions
-            if owned is not None and any(p not in owned for p, _ in messages):
-                log.info(
-                    "dropping %d probes of shard partitions given away (their new owner reads them)",
-                    sum(p not in owned for p, _ in messages),
-                )
-                messages = [(p, v) for p, v in messages if p in owned]
-            return shard_step(self.store.shard, messages)
-
     def close(self) -> None:
-        self._shard_thread.shutdown(wait=False, cancel_futures=True)
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -737,11 +713,7 @@ class Worker:
         if self.faults:
             probes = [e.value for e in events if kind_of(e.value) == PROBES]
             self.faults.check("shard", decode(probes, PROBES).ids() if probes else [])
-        # In a thread of its own: a large run merge takes seconds at tens of millions of pages, and
-        # numpy sorts and searches without the GIL, so the event loop (pages, answers, commits,
-        # /metrics, heartbeats) goes on meanwhile.  One thread: steps stay in arrival order.
-        messages = [(e.message.partition, e.value) for e in events]
-        step = await asyncio.get_running_loop().run_in_executor(self._shard_thread, self._shard_step, messages)
+        step = shard_step(self.store.shard, [(e.message.partition, e.value) for e in events])
         for s, n in step.skipped:
             log.error("shard %d: skipping %d messages that are not probes", s, n)
         writes = []

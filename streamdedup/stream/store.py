@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -120,9 +119,6 @@ class ShardStore(base.Store):
         self.snapshot_at: dict[int, float] = {}
         self.ends: dict[int, int] = {}  # partition -> changelog end offset when it was assigned
         self._crashing: asyncio.Future | None = None
-        # held by the worker's shard step (run in a thread, see Worker.on_probes) and here by every
-        # other writer of the shards, on the event loop: they wait at most one step
-        self.lock = threading.Lock()
 
     @classmethod
     def configure(
@@ -226,8 +222,7 @@ class ShardStore(base.Store):
             except SchemeError as e:
                 self._refuse(partition, e)
                 raise
-            with self.lock:
-                self.shard(partition).restore(rows)
+            self.shard(partition).restore(rows)
             self.covered(partition, messages[-1].offset)
             if self.on_restored is not None:
                 self.on_restored(partition, len(messages))
@@ -245,10 +240,9 @@ class ShardStore(base.Store):
         self._crashing = asyncio.ensure_future(self.app.crash(crash))  # keep a reference until it runs
 
     def reset_state(self) -> None:
-        with self.lock:
-            for shard in self.shards.values():
-                shard.close()
-            self.shards.clear()
+        for shard in self.shards.values():
+            shard.close()
+        self.shards.clear()
         self.offsets.clear()
 
     async def on_rebalance(
@@ -257,11 +251,10 @@ class ShardStore(base.Store):
         topic = self._changelog()
         mine = {tp for tp in assigned if tp.topic == topic}
         keep = {tp.partition for tp in mine}
-        with self.lock:
-            for partition in [p for p in self.shards if p not in keep]:
-                self.snapshot(partition)  # it may come back: a later recovery replays only the tail
-                self.shards.pop(partition).close()
-                self.offsets.pop(partition, None)
+        for partition in [p for p in self.shards if p not in keep]:
+            self.snapshot(partition)  # it may come back: a later recovery replays only the tail
+            self.shards.pop(partition).close()
+            self.offsets.pop(partition, None)
         # The changelog's end offsets, to tell a snapshot of this cluster from a stale one before
         # recovery seeks past it (faust's own check would stop the worker with ConsistencyError).
         self.ends.clear()
@@ -282,9 +275,8 @@ class ShardStore(base.Store):
             self.on_recovered()
 
     async def on_stop(self) -> None:
-        with self.lock:
-            for partition in list(self.shards):
-                self.snapshot(partition)
+        for partition in list(self.shards):
+            self.snapshot(partition)
 
     async def backup_partition(self, tp: Any, flush: bool = True, purge: bool = False, keep: int = 1) -> None:
         pass  # snapshots are written by snapshot(); nothing else to back up
