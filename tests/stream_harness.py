@@ -111,7 +111,10 @@ class WorkerProcess:
         self.proc: subprocess.Popen | None = None
         self._log = None
 
-    def start(self, timeout: float = 60.0) -> WorkerProcess:
+    def launch(self) -> int:
+        """Start the worker process without waiting for it; returns the log's size before it."""
+        if self._log is not None:
+            self._log.close()
         self._log = open(self.log_path, "ab")
         start = self.log_path.stat().st_size
         self.proc = subprocess.Popen(
@@ -121,6 +124,10 @@ class WorkerProcess:
             stderr=subprocess.STDOUT,
             cwd=self.dir,
         )
+        return start
+
+    def start(self, timeout: float = 60.0) -> WorkerProcess:
+        start = self.launch()
         try:
             self.wait_for_log(READY, timeout, since=start)
         except BaseException:  # never leave a worker running after a failed start (no __exit__ follows)

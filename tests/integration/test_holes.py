@@ -19,7 +19,7 @@ import urllib.request
 import pytest
 from aiokafka import AIOKafkaProducer
 from stream_harness import StreamTopics, WorkerProcess, page_record, produce, wait_until_committed
-from topics import read_topic
+from topics import outcomes_by_offset as outcomes
 
 from streamdedup.pipeline.pending import Pending
 from streamdedup.pipeline.routing import Topics
@@ -39,18 +39,6 @@ def pages(prefix: str, n: int, rng: random.Random) -> list[dict]:
         )
         for i in range(n)
     ]
-
-
-def outcomes(kafka, topics: StreamTopics) -> tuple[dict[tuple[int, int], list], int]:
-    """(partition, offset) of every input -> its outcomes, and the number of inputs."""
-    where = {r.key.decode(): (r.partition, r.offset) for r in read_topic(kafka, topics.pages)}
-    found: dict[tuple[int, int], list] = {po: [] for po in where.values()}
-    for r in read_topic(kafka, topics.verdicts):
-        v = json.loads(r.value)
-        found.setdefault((v["partition"], v["offset"]), []).append(v["verdict"])
-    for r in read_topic(kafka, topics.dead_letter):
-        found.setdefault(where.get(r.key.decode(), (-1, -1)), []).append("dead")
-    return found, len(where)
 
 
 def wait_for_all(kafka, topics: StreamTopics, worker: WorkerProcess, timeout: float = 120.0) -> dict:

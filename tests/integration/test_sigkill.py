@@ -10,15 +10,12 @@ loop (run by hand, with CPU load) is the stronger check; this keeps the path cov
 
 from __future__ import annotations
 
-import json
 import random
-import subprocess
-import sys
 import time
 
 import pytest
 from stream_harness import StreamTopics, WorkerProcess, page_record, produce
-from topics import read_topic
+from topics import outcomes_by_offset as outcomes
 
 pytestmark = pytest.mark.kafka
 
@@ -33,20 +30,6 @@ def records(wave: int, n: int, rng: random.Random) -> list:
             words = " ".join(f"w{rng.randrange(20000)}" for _ in range(120))
             out.append(page_record(f"http://kill.test/{key}", f"<p>{words}</p>", id=key))
     return out
-
-
-def outcomes(kafka, topics: StreamTopics) -> tuple[dict[tuple[int, int], list], int]:
-    """(partition, offset) of every input -> its outcomes, and the number of inputs."""
-    where = {r.key.decode(): (r.partition, r.offset) for r in read_topic(kafka, topics.pages)}
-    found: dict[tuple[int, int], list] = {po: [] for po in where.values()}
-    for r in read_topic(kafka, topics.verdicts):
-        v = json.loads(r.value)
-        found.setdefault((v["partition"], v["offset"]), []).append(v["verdict"])
-    for r in read_topic(kafka, topics.dead_letter):
-        found.setdefault(where.get(r.key.decode(), (-1, -1)), []).append(
-            "dead:" + dict(r.headers)["streamdedup-reason"].decode()
-        )
-    return found, len(where)
 
 
 def test_sigkill_during_the_stream_and_during_recovery_loses_nothing(kafka, tmp_path):
@@ -67,16 +50,7 @@ def test_sigkill_during_the_stream_and_during_recovery_loses_nothing(kafka, tmp_
             time.sleep(0.3)
         victim.kill()
         # restart it and kill it again while it joins the group and recovers
-        victim._log.close()
-        victim._log = open(victim.log_path, "ab")
-        mark = victim.log_path.stat().st_size
-        victim.proc = subprocess.Popen(
-            [sys.executable, "-m", "streamdedup", "worker"],
-            env=victim.env,
-            stdout=victim._log,
-            stderr=subprocess.STDOUT,
-            cwd=victim.dir,
-        )
+        mark = victim.launch()
         victim.wait_for_log("Executing _on_partitions_assigned", 90, since=mark)  # assigned: recovering
         victim.kill()
         victim._log.close()
