@@ -14,13 +14,16 @@ Algorithms:
 ``simhash``   a stored fingerprint within ``k`` bits (Manku's tables); the match is the
               nearest, then the one whose canonical group with the page is lowest, then the
               first stored (the worker's tie-break).
-``minhash``   LSH banding finds candidates; the match is the one with the highest estimated
-              resemblance, if it reaches ``threshold``.
-``combined``  simhash candidates within ``k`` bits, kept only when their MinHash resemblance
-              reaches ``threshold``; this trades a little recall for precision.  Henzinger
-              (2006) combines the two the other way round: Broder's shingles find the
-              candidate pairs and Charikar's simhash filters them.  Here the candidates come
-              from the permuted tables, which a stream can probe page by page.
+``minhash``   LSH bands find candidates (:mod:`streamdedup.index.bands`: one table per band,
+              as the worker shards them); the match is the one with the highest estimated
+              resemblance (8-bit sketches of the permutations outside the bands), if it
+              reaches ``threshold``; then the lowest canonical band, then the first stored.
+``combined``  the same LSH candidates, kept only when their simhash is within ``k`` bits
+              (Henzinger 2006: Broder's shingles find the candidate pairs, Charikar's simhash
+              filters them); the match is the nearest, then the lowest band, then the first.
+
+The band modes give the worker's verdicts (:mod:`streamdedup.pipeline.bands`) on the same
+arrival order: the same tables and rule, in one process.
 
 >>> d = Deduplicator()
 >>> [v.verdict for v in d.process(["a", "b"], ["u1", "u2"], ["one two three four"] * 2)]
@@ -40,8 +43,8 @@ from streamdedup.fingerprinting.cluster import DEFAULT_CLUSTER_N, check_cluster_
 from streamdedup.fingerprinting.pages import Fingerprints
 from streamdedup.fingerprinting.simhash import to_hex
 from streamdedup.index.arrays import GrowingArray
+from streamdedup.index.bands import BandScheme, BandTable, tags
 from streamdedup.index.hamming import HammingIndex
-from streamdedup.index.lsh import LSHIndex, choose_bands
 from streamdedup.index.tables import TableDesign
 
 __all__ = ["ALGORITHMS", "Verdict", "Deduplicator"]
@@ -97,15 +100,15 @@ class Deduplicator:
             raise ValueError(f"threshold must be between 0 and 1 (exclusive), got {threshold}")
         self.algorithm, self.k, self.threshold, self.num_perm = algorithm, k, threshold, num_perm
         self.cluster_n = check_cluster_n(cluster_n)
-        self._index = HammingIndex(k=k, design=design) if algorithm != "minhash" else None
-        self._masks = group_masks(self._index.design) if self._index is not None and algorithm == "simhash" else None
-        if algorithm == "minhash":
-            # Banding weighted against misses: candidates are verified by their estimate anyway.
-            b, r = choose_bands(threshold, num_perm, fp_weight=0.1, fn_weight=0.9)
-            self._lsh: LSHIndex | None = LSHIndex(threshold=threshold, num_perm=num_perm, b=b, r=r)
-        else:
-            self._lsh = None
-        self._sigs = GrowingArray(np.uint32, (num_perm,))  # combined: MinHash signatures by row
+        self._index = HammingIndex(k=k, design=design) if algorithm == "simhash" else None
+        self._masks = group_masks(self._index.design) if self._index is not None else None
+        self.bands: BandScheme | None = None
+        if algorithm != "simhash":
+            verify = "minhash" if algorithm == "minhash" else "simhash"
+            self.bands = BandScheme.for_threshold(threshold, num_perm, verify=verify, k=k)
+        n_bands = 0 if self.bands is None else self.bands.bands
+        self._tables = [BandTable(self.bands, j) for j in range(n_bands)] if self.bands is not None else []
+        self._refs = [GrowingArray(np.int64) for _ in range(n_bands)]  # a band table's row -> our row
         self._fps = GrowingArray(np.uint64)
         self._id_hash = GrowingArray(np.uint64)
         self._ids: list[str] = []
@@ -116,10 +119,10 @@ class Deduplicator:
 
     @property
     def nbytes(self) -> int:
-        """Bytes in numpy arrays (index, fingerprints, signatures); ids and urls not counted."""
-        index = self._index if self._index is not None else self._lsh
-        structure = index.nbytes if index is not None else 0
-        return structure + self._fps.nbytes + self._id_hash.nbytes + self._sigs.nbytes
+        """Bytes in numpy arrays (index or band tables, fingerprints); ids and urls not counted."""
+        structure = self._index.nbytes if self._index is not None else 0
+        structure += sum(t.nbytes for t in self._tables) + sum(r.nbytes for r in self._refs)
+        return structure + self._fps.nbytes + self._id_hash.nbytes
 
     def process(self, ids: Sequence[str], urls: Sequence[str], texts: Sequence[str]) -> list[Verdict]:
         """Verdicts for a batch of pages given by id, url and visible text, in order."""
@@ -135,24 +138,18 @@ class Deduplicator:
         self._urls.extend(urls)
         self._fps.extend(fp.simhash)
         self._id_hash.extend(_id_hashes(ids))
-        # Store the batch first, then keep only matches on earlier rows: pages of one batch
-        # are compared with the pages before them in the same batch too.
-        if self.algorithm == "minhash":
-            assert self._lsh is not None  # built for minhash
-            self._lsh.add_many(rows.tolist(), fp.minhash)
-            query, row, score = self._minhash_candidates(fp.minhash)
-            pos = self._positions(base, n, query, row)
+        if self.bands is not None:
+            verdicts = self._band_verdicts(base, fp)
         else:
-            assert self._index is not None  # built for simhash and combined
+            # Store the batch first, then keep only matches on earlier rows: pages of one batch
+            # are compared with the pages before them in the same batch too.
+            assert self._index is not None  # built for simhash
             self._index.add_many(rows.tolist(), fp.simhash)
             found = self._index.search(fp.simhash)
             query, row = found.query, found.row
             score = -found.distance.astype(np.float64)
             pos = self._positions(base, n, query, row)
-            if self.algorithm == "combined":
-                self._sigs.extend(fp.minhash)
-                query, row, score = self._verify(query, row, fp.minhash)
-        verdicts = self._verdicts(base, query, row, score, fp.simhash, pos)
+            verdicts = self._verdicts(base, query, row, score, fp.simhash, pos)
         if self.cluster_n:
             verdicts = [replace(v, cluster=key) for v, key in zip(verdicts, fp.cluster_keys(self.cluster_n))]
         return verdicts
@@ -168,15 +165,40 @@ class Deduplicator:
         np.minimum.at(pos, query[same], row[same])
         return pos
 
-    def _minhash_candidates(self, sigs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        assert self._lsh is not None  # built for minhash
-        found = self._lsh.search(sigs, min_resemblance=self.threshold)
-        return found.query, found.row, found.resemblance
-
-    def _verify(self, query: np.ndarray, row: np.ndarray, sigs: np.ndarray):
-        resemblance = (self._sigs.view()[row] == sigs[query]).mean(axis=1)
-        keep = resemblance >= self.threshold
-        return query[keep], row[keep], resemblance[keep]
+    def _band_verdicts(self, base: int, fp: Fingerprints) -> list[Verdict]:
+        """The band modes: every band's table judges the batch (store, then search, as a shard
+        does); a page's match is the best of the bands' answers: lowest rank, then lowest band."""
+        assert self.bands is not None  # a band mode
+        n = len(fp.simhash)
+        keys, sketch = self.bands.split(self.bands.extra(fp.minhash))
+        id_hash = self._id_hash.view()[base:]
+        rank, match = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
+        for j, (table, refs) in enumerate(zip(self._tables, self._refs)):
+            found = table.judge(keys[:, j], fp.simhash, id_hash, sketch, tags(keys[:, :j]))
+            refs.extend(base + np.flatnonzero(found.new))
+            better = (found.rank >= 0) & ((rank < 0) | (found.rank < rank))  # ties: the lower band
+            rank[better], match[better] = found.rank[better], refs.view()[found.row[better]]
+        out = []
+        for q, (fp_q, r, m) in enumerate(zip(fp.simhash.tolist(), rank.tolist(), match.tolist())):
+            i = base + q
+            if r < 0:
+                out.append(Verdict(self._ids[i], self._urls[i], "unique", fp_q))
+                continue
+            distance = (fp_q ^ int(self._fps.view()[m])).bit_count()
+            similarity = self.bands.similarity_of_rank(r)
+            out.append(
+                Verdict(
+                    self._ids[i],
+                    self._urls[i],
+                    "near_duplicate",
+                    fp_q,
+                    self._ids[m],
+                    self._urls[m],
+                    distance,
+                    similarity,
+                )
+            )
+        return out
 
     def _verdicts(
         self, base: int, query: np.ndarray, row: np.ndarray, score: np.ndarray, fps: np.ndarray, pos: np.ndarray

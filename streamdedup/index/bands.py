@@ -1,0 +1,345 @@
+"""MinHash LSH bands stored one band per table, so a sharded index can route each band by value.
+
+The stream worker shards simhash tables by block value (:mod:`streamdedup.pipeline.shard`);
+LSH bands shard the same way.  A page's MinHash signature (``num_perm`` values) is cut into
+``bands`` bands of ``rows`` values; each band's *key* (64 bits) routes one probe to the shard
+that owns that key, where a :class:`BandTable` holds the band's stored pages.  Two pages are
+candidates in band ``j`` when their band-``j`` keys are equal::
+
+    signature  [ band 0 | band 1 | ... | band b-1 |  sketch (the other num_perm - b*r values) ]
+                  key 0    key 1          key b-1     low 8 bits of each: the verifier
+
+**The order rule** (as for simhash, :mod:`streamdedup.engine.order`): a pair's *canonical band*
+is the lowest band on which their keys agree; a page is a near-duplicate of a candidate only
+if the candidate was stored before it in the canonical band's table.  A row of band ``j``
+keeps 32-bit tags (the low bits of its keys) of bands ``0..j-1``, so the table can tell that
+no earlier band agrees: then, for every candidate pair, exactly one of the two is flagged,
+whatever the arrival order and the partitions (up to a 32-bit tag collision on a band whose
+keys differ, about 2**-32 per earlier band).
+
+**Verification.**  ``minhash``: the candidate's *sketch*, the low 8 bits of the signature
+values outside the bands (b-bit minwise hashing, Li & Koenig 2010), is compared with the
+page's; ``c`` equal values of ``m`` estimate the resemblance as ``(c/m - 2**-8) / (1 - 2**-8)``.
+The band positions are left out of the sketch: candidates agree on a whole band by
+construction, which would bias the estimate up.  ``simhash`` (the *combined* method): the
+candidate's 64-bit simhash must be within ``k`` bits.  A candidate's *rank* is what the match
+minimises: ``m - c`` or the Hamming distance, an integer in both cases, so ``scan`` and the
+worker order candidates identically.
+
+>>> s = BandScheme.for_threshold(0.8, num_perm=128)
+>>> (s.bands, s.rows, s.sketch), s.min_matches, round(s.similarity(s.min_matches), 3)
+((10, 5, 78), 63, 0.807)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from streamdedup.fingerprinting.features import mix64
+from streamdedup.fingerprinting.simhash import hamming_many
+from streamdedup.index.arrays import GrowingArray
+from streamdedup.index.lsh import _Run, s_curve
+
+__all__ = ["VERIFIERS", "BandScheme", "BandTable", "BandMatches"]
+
+VERIFIERS = ("minhash", "simhash")
+_U64 = np.uint64
+_BAND_SALT = np.uint64(0xBA9D_5A17_0F15_EED5)
+_MUL = np.uint64(0x9E3779B97F4A7C15)
+_SKETCH_BITS = 8
+_TAIL_MAX = 4096  # unsorted rows scanned directly before they are sorted into the run
+#: Recall a pair of resemblance exactly ``threshold`` must have of becoming a candidate.
+_MIN_CANDIDATE_RECALL = 0.98
+
+
+@dataclass(frozen=True)
+class BandScheme:
+    """How signatures become band keys and sketches, and how candidates are verified.
+
+    Part of the stored format: band keys route probes and fill the tables, so a changed scheme
+    needs a new index (the worker keeps it in every shard snapshot's plan).
+    """
+
+    num_perm: int = 128
+    bands: int = 10
+    rows: int = 5
+    threshold: float = 0.8
+    verify: str = "minhash"  # or "simhash" (the combined method)
+    k: int = 3  # verify="simhash": the largest Hamming distance kept
+    sketch: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.verify not in VERIFIERS:
+            raise ValueError(f"verify must be one of {', '.join(VERIFIERS)}, got {self.verify!r}")
+        if not 1 <= self.bands <= 48 or self.rows < 1:
+            raise ValueError(f"bands must be 1..48 and rows >= 1, got {self.bands} x {self.rows}")
+        if self.bands * self.rows >= self.num_perm:
+            raise ValueError(f"{self.bands} bands of {self.rows} leave no sketch in {self.num_perm} permutations")
+        if not 0.0 < self.threshold < 1.0:
+            raise ValueError(f"threshold must be between 0 and 1 (exclusive), got {self.threshold}")
+        object.__setattr__(self, "sketch", self.num_perm - self.bands * self.rows)
+
+    @classmethod
+    def for_threshold(cls, threshold: float, num_perm: int = 128, verify: str = "minhash", k: int = 3) -> BandScheme:
+        """The narrowest S-curve (most rows per band) whose bands fit in half the permutations
+        and make a pair of resemblance ``threshold`` a candidate with probability >= 0.98;
+        the other permutations are the sketch.
+
+        >>> s = BandScheme.for_threshold(0.9); s.bands, s.rows
+        (7, 8)
+        """
+        budget = max(2, num_perm // 2)
+        best: tuple[int, int] | None = None
+        for r in range(1, budget + 1):
+            p = threshold**r
+            if p < 1e-9:  # (more rows only need more bands)
+                break
+            b = math.ceil(math.log(1.0 - _MIN_CANDIDATE_RECALL) / math.log(1.0 - p))
+            if b * r <= budget and b <= 48 and s_curve(threshold, b, r) >= _MIN_CANDIDATE_RECALL:
+                best = (b, r)
+        if best is None:
+            raise ValueError(f"no banding of {num_perm} permutations reaches threshold {threshold}; use more")
+        return cls(num_perm, best[0], best[1], threshold, verify, k)
+
+    @property
+    def min_matches(self) -> int:
+        """The fewest equal sketch values whose estimate reaches the threshold."""
+        return next(c for c in range(self.sketch + 1) if self.similarity(c) >= self.threshold)
+
+    def similarity(self, matches: int | np.ndarray):
+        """Estimated resemblance from the count of equal sketch values (b-bit minwise, b = 8)."""
+        chance = 2.0**-_SKETCH_BITS
+        est = (np.asarray(matches, dtype=np.float64) / self.sketch - chance) / (1.0 - chance)
+        est = np.clip(est, 0.0, 1.0)
+        return float(est) if est.ndim == 0 else est
+
+    def similarity_of_rank(self, rank: int) -> float | None:
+        """The estimated resemblance a match's rank stands for (None for the simhash verifier)."""
+        return None if self.verify != "minhash" else round(float(self.similarity(self.sketch - rank)), 4)
+
+    def keys(self, signatures: np.ndarray) -> np.ndarray:
+        """(n, num_perm) uint32 signatures -> (n, bands) uint64 band keys (band-salted, mixed)."""
+        sigs = np.asarray(signatures, dtype=np.uint32)
+        if sigs.ndim != 2 or sigs.shape[1] != self.num_perm:
+            raise ValueError(f"signatures must have shape (n, {self.num_perm}), got {sigs.shape}")
+        bands = sigs[:, : self.bands * self.rows].reshape(len(sigs), self.bands, self.rows).astype(_U64)
+        acc = (np.arange(self.bands, dtype=_U64) + _U64(1)) * _BAND_SALT
+        acc = np.broadcast_to(acc, (len(sigs), self.bands)).copy()
+        for t in range(self.rows):  # acc = mix(acc * M + v): order-sensitive, every bit mixed
+            acc = mix64(acc * _MUL + bands[:, :, t])
+        return acc
+
+    def sketches(self, signatures: np.ndarray) -> np.ndarray:
+        """(n, num_perm) signatures -> (n, sketch) uint8: the low 8 bits of the values after the bands."""
+        sigs = np.asarray(signatures, dtype=np.uint32)
+        return (sigs[:, self.bands * self.rows :] & np.uint32(0xFF)).astype(np.uint8)
+
+    def extra(self, signatures: np.ndarray) -> np.ndarray:
+        """What a probe carries besides the simhash: the band keys, then (minhash) the sketch,
+        as (n, extra_bytes) uint8 rows (see :meth:`split`)."""
+        keys = self.keys(signatures)
+        parts = [keys.astype("<u8").view(np.uint8).reshape(len(keys), -1)]
+        if self.verify == "minhash":
+            parts.append(self.sketches(signatures))
+        return np.ascontiguousarray(np.concatenate(parts, axis=1))
+
+    @property
+    def extra_bytes(self) -> int:
+        return 8 * self.bands + (self.sketch if self.verify == "minhash" else 0)
+
+    def split(self, extra: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """The band keys (n, bands) and the sketch (n, sketch) or None, from :meth:`extra` rows."""
+        extra = np.asarray(extra, dtype=np.uint8)
+        if extra.ndim != 2 or extra.shape[1] != self.extra_bytes:
+            raise ValueError(f"band rows must carry {self.extra_bytes} extra bytes, got shape {extra.shape}")
+        keys = np.ascontiguousarray(extra[:, : 8 * self.bands]).view("<u8").astype(_U64)
+        sketch = np.ascontiguousarray(extra[:, 8 * self.bands :]) if self.verify == "minhash" else None
+        return keys.reshape(len(extra), self.bands), sketch
+
+    def describe(self) -> list[int]:
+        """The parameters as integers (a snapshot's plan)."""
+        return [
+            self.num_perm,
+            self.bands,
+            self.rows,
+            round(self.threshold * 10**6),
+            VERIFIERS.index(self.verify),
+            self.k,
+        ]
+
+
+def tags(keys: np.ndarray) -> np.ndarray:
+    """32-bit tags of band keys: what a row keeps of the earlier bands' keys."""
+    return (np.asarray(keys, dtype=_U64) & _U64(0xFFFF_FFFF)).astype(np.uint32)
+
+
+@dataclass
+class BandMatches:
+    """One table's answers to a batch of probes, aligned with the probes."""
+
+    rank: np.ndarray  # int64, -1 when the band has no match for the probe
+    row: np.ndarray  # int64, the match's row in the table
+    new: np.ndarray  # bool: the probe's page was stored (a new row)
+
+
+class BandTable:
+    """The pages stored in one band (of one shard): their band keys, simhash, id hash, the tags
+    of their earlier bands' keys and (minhash) their sketch.  Rows are numbered in store order.
+
+    Keys are found through a sorted run plus an unsorted tail (:class:`~streamdedup.index.lsh._Run`).
+    """
+
+    def __init__(self, scheme: BandScheme, band: int) -> None:
+        if not 0 <= band < scheme.bands:
+            raise ValueError(f"band {band} is not one of the scheme's {scheme.bands}")
+        self.scheme, self.band = scheme, band
+        self.keys, self.fps, self.id_hash = GrowingArray(_U64), GrowingArray(_U64), GrowingArray(_U64)
+        self.tags = GrowingArray(np.uint32, (band,))
+        self.sketch = GrowingArray(np.uint8, (scheme.sketch,)) if scheme.verify == "minhash" else None
+        self._run, self._sorted = _Run.empty(), 0  # rows [0, _sorted) are in the run
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @property
+    def nbytes(self) -> int:
+        cols = [self.keys, self.fps, self.id_hash, self.tags] + ([self.sketch] if self.sketch is not None else [])
+        return sum(c.nbytes for c in cols) + self._run.nbytes
+
+    def state(self) -> dict[str, np.ndarray]:
+        out = {
+            "keys": self.keys.view(),
+            "fps": self.fps.view(),
+            "id_hash": self.id_hash.view(),
+            "tags": self.tags.view(),
+        }
+        if self.sketch is not None:
+            out["sketch"] = self.sketch.view()
+        return out
+
+    @classmethod
+    def from_state(cls, scheme: BandScheme, band: int, state: dict[str, np.ndarray]) -> BandTable:
+        table = cls(scheme, band)
+        table.add(state["keys"], state["fps"], state["id_hash"], state.get("sketch"), state["tags"])
+        return table
+
+    def add(
+        self,
+        keys: np.ndarray,
+        fps: np.ndarray,
+        id_hash: np.ndarray,
+        sketch: np.ndarray | None,
+        earlier: np.ndarray,
+    ) -> None:
+        """Append rows: this band's keys, and ``earlier`` (n, band) tags of the bands before it."""
+        self.keys.extend(np.asarray(keys, dtype=_U64))
+        self.fps.extend(np.asarray(fps, dtype=_U64))
+        self.id_hash.extend(np.asarray(id_hash, dtype=_U64))
+        self.tags.extend(np.asarray(earlier, dtype=np.uint32).reshape(len(keys), self.band))
+        if self.sketch is not None:
+            if sketch is None:
+                raise ValueError("a minhash band table needs the rows' sketches")
+            self.sketch.extend(sketch)
+        if len(self.keys) - self._sorted > _TAIL_MAX:
+            self._fold()
+
+    def prepare(self) -> None:
+        """Sort every row into the run (after recovery: the first probes need not sort the tail)."""
+        if len(self.keys) > self._sorted:
+            self._fold()
+
+    def _fold(self) -> None:
+        keys = self.keys.view()[self._sorted :]
+        order = np.argsort(keys, kind="stable")
+        self._run = self._run.merged(keys[order], (self._sorted + order).astype(np.int32))
+        self._sorted = len(self.keys)
+
+    def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(probe, row) for every stored row whose key equals a probe's."""
+        keys = np.asarray(keys, dtype=_U64)
+        q, row = self._run.lookup(keys)
+        tail = self.keys.view()[self._sorted :]
+        if len(tail) and len(keys):
+            order = np.argsort(tail, kind="stable")
+            lo = np.searchsorted(tail[order], keys, "left")
+            hi = np.searchsorted(tail[order], keys, "right")
+            cnt = hi - lo
+            tq = np.repeat(np.arange(len(keys)), cnt)
+            pos = np.arange(int(cnt.sum())) + np.repeat(lo - (np.cumsum(cnt) - cnt), cnt)
+            q = np.concatenate((q, tq))
+            row = np.concatenate((row, self._sorted + order[pos]))
+        return q.astype(np.int64), row.astype(np.int64)
+
+    def judge(
+        self,
+        keys: np.ndarray,
+        fps: np.ndarray,
+        id_hash: np.ndarray,
+        sketch: np.ndarray | None,
+        earlier: np.ndarray,
+        insert: bool = True,
+        before_insert: Callable[[np.ndarray], object] | None = None,
+    ) -> BandMatches:
+        """Store a batch's new pages in order, then give each probe its best match under the rule.
+
+        ``keys``: each probe's key in this band; ``earlier``: (n, band) tags of its keys in the
+        bands before.  A probe stands after every stored row, unless its (id hash, simhash,
+        key) is stored already (a replay or an unchanged re-fetch): then at its first store.
+        ``insert=False`` only answers (a check).  ``before_insert(positions)`` is called with the
+        batch positions of the new pages before they are stored.  Linear in the batch.
+        """
+        keys, fps, id_hash = (np.asarray(a, dtype=_U64) for a in (keys, fps, id_hash))
+        earlier = np.asarray(earlier, dtype=np.uint32).reshape(len(keys), self.band)
+        n, start = len(keys), len(self.keys)
+        q, row = self.lookup(keys)
+        pos = np.full(n, start, dtype=np.int64)
+        same = (self.id_hash.view()[row] == id_hash[q]) & (self.fps.view()[row] == fps[q])
+        np.minimum.at(pos, q[same], row[same])
+        new = np.zeros(n, dtype=bool)
+        if insert:
+            fresh = pos == start
+            # the first probe of each (id hash, simhash, key) not stored yet is stored, in order
+            triples = np.stack((id_hash, fps, keys), axis=1)
+            _, first, inverse = np.unique(triples, axis=0, return_index=True, return_inverse=True)
+            inverse = inverse.ravel()
+            new[first[fresh[first]]] = True
+            new_idx = np.flatnonzero(new)
+            if len(new_idx):
+                if before_insert is not None:
+                    before_insert(new_idx)
+                rank_of = np.full(n, -1, dtype=np.int64)
+                rank_of[new_idx] = np.arange(len(new_idx))
+                pos[fresh] = start + rank_of[first[inverse[fresh]]]
+                self.add(
+                    keys[new_idx],
+                    fps[new_idx],
+                    id_hash[new_idx],
+                    None if sketch is None else np.asarray(sketch)[new_idx],
+                    earlier[new_idx],
+                )
+                q, row = self.lookup(keys)  # now with the batch's own new pages
+        # the rule: stored before the probe, another id, and this band is the pair's canonical one
+        keep = (row < pos[q]) & (self.id_hash.view()[row] != id_hash[q])
+        if self.band:
+            keep &= (self.tags.view()[row] != earlier[q]).all(axis=1)
+        q, row = q[keep], row[keep]
+        if self.scheme.verify == "minhash":
+            assert self.sketch is not None and sketch is not None  # a minhash table, a minhash probe
+            matches = np.count_nonzero(self.sketch.view()[row] == np.asarray(sketch)[q], axis=1)
+            rank = self.scheme.sketch - matches
+            keep = matches >= self.scheme.min_matches
+        else:
+            rank = hamming_many(self.fps.view()[row], fps[q])
+            keep = rank <= self.scheme.k
+        q, row, rank = q[keep], row[keep], np.asarray(rank, dtype=np.int64)[keep]
+        out = BandMatches(np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64), new)
+        if len(q):
+            order = np.lexsort((row, rank, q))  # the best: lowest rank, then first stored
+            q, row, rank = q[order], row[order], rank[order]
+            first = np.r_[True, q[1:] != q[:-1]]
+            out.rank[q[first]], out.row[q[first]] = rank[first], row[first]
+        return out
