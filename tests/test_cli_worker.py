@@ -13,7 +13,11 @@ from streamdedup.cli import main
     "args, env, message",
     [
         (["--partitions", "0"], {}, "--partitions / STREAMDEDUP_PARTITIONS: 0 is out of range; use at least 1"),
-        (["--algorithm", "minhash"], {}, "'minhash' is available in `streamdedup scan` only"),
+        (
+            ["--algorithm", "minhash", "--threshold", "0.01"],
+            {},
+            "no banding of 128 permutations reaches threshold 0.01",
+        ),
         (["--design", "7"], {}, "'7' is not one of 20|16|10|4"),
         ([], {"STREAMDEDUP_BROKERS": "nope"}, "'nope' is not host:port; use e.g. 127.0.0.1:9092"),
         ([], {"STREAMDEDUP_PARTITONS": "4"}, "did you mean STREAMDEDUP_PARTITIONS?"),

@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 from streamdedup.engine.dedup import Deduplicator
 from streamdedup.errors import RecordError
 from streamdedup.fingerprinting.pages import fingerprint
+from streamdedup.index.bands import BandScheme
 from streamdedup.index.tables import TableDesign
+from streamdedup.pipeline.bands import BandPlan
 from streamdedup.pipeline.intake import Intake, Record, fetched_ms, id_hash, parse
 from streamdedup.pipeline.pending import Pending
 from streamdedup.pipeline.routing import verdict_record
@@ -25,6 +27,7 @@ from streamdedup.pipeline.shard import Shard, ShardPlan, shard_step
 from streamdedup.pipeline.wire import ANSWERS, PROBES, Batch, decode, encode
 
 PLAN = ShardPlan(TableDesign.named("16"), partitions=5)
+BAND_VERIFY = {"minhash": "minhash", "combined": "simhash"}  # what verifies the LSH candidates
 MAX = 2000
 
 
@@ -212,12 +215,18 @@ class Pipeline:
     worker's crash, as the changelog makes them).  Every stage is the production function:
     :meth:`Intake.register`, :func:`shard_step`, :meth:`Pending.answer`.
 
-    ``fps``: fingerprints to use instead of the texts' (None: fingerprint the texts)."""
+    ``fps``: fingerprints to use instead of the texts' (None: fingerprint the texts).
+    ``algorithm``: simhash (table groups), or minhash / combined (LSH bands, as the worker builds
+    them for ``--threshold 0.8 --num-perm 128 --k 3``)."""
 
-    def __init__(self, records: dict[int, list[Record]], workers: int = 1, fps: dict | None = None) -> None:
+    def __init__(
+        self, records: dict[int, list[Record]], workers: int = 1, fps: dict | None = None, algorithm: str = "simhash"
+    ) -> None:
         self.records, self.fps = records, fps
+        self.bands = None if algorithm == "simhash" else BandScheme.for_threshold(0.8, 128, BAND_VERIFY[algorithm])
+        self.plan = PLAN if self.bands is None else BandPlan(self.bands, PLAN.partitions)
         self.owner = {p: p % workers for p in records}
-        self.pending = [Pending(PLAN.n_groups) for _ in range(workers)]
+        self.pending = [self.new_pending() for _ in range(workers)]
         self.read_at = {p: 0 for p in records}  # next offset to read
         self.committed = {p: 0 for p in records}
         self.shards: dict[int, Shard] = {}
@@ -237,11 +246,11 @@ class Pipeline:
         if not batch:
             return
         if self.fps is None:
-            intake = Intake.read(batch, self.pending[w], PLAN, MAX)
+            intake = Intake.read(batch, self.pending[w], self.plan, MAX, bands=self.bands)
         else:
             parsed = parse(batch, MAX)
             good = [self.fps[r.partition, r.offset] for r, e in zip(batch, parsed.errors) if e is None]
-            intake = Intake.register(parsed, np.array(good, dtype=np.uint64), [], self.pending[w], PLAN)
+            intake = Intake.register(parsed, np.array(good, dtype=np.uint64), [], self.pending[w], self.plan)
         for s, probes in intake.probes.items():
             self.outbox[w].append((s, encode(probes, PROBES)))
         self.release(intake.partitions)
@@ -258,7 +267,7 @@ class Pipeline:
         for v in values:  # the order this shard stores pages in: the rule's order
             b = decode([v], PROBES)
             self.stored[s] += list(zip(b.id_hash.tolist(), b.fps.tolist()))
-        step = shard_step(lambda s: self.shards.setdefault(s, Shard(PLAN)), [(s, v) for v in values])
+        step = shard_step(lambda s: self.shards.setdefault(s, Shard(self.plan)), [(s, v) for v in values])
         for q, answers in step.answers.items():
             self.answers[q].append(encode(answers, ANSWERS))
 
@@ -282,11 +291,14 @@ class Pipeline:
     def crash(self, w: int) -> None:
         """Worker ``w`` dies: what it held is lost, it reads again from the committed offsets;
         the probes and answers it sent are still in their topics."""
-        self.pending[w] = Pending(PLAN.n_groups)
+        self.pending[w] = self.new_pending()
         self.outbox[w] = []  # not sent yet: lost
         for p, owner in self.owner.items():
             if owner == w:
                 self.read_at[p] = self.committed[p]
+
+    def new_pending(self) -> Pending:
+        return Pending(self.plan.n_groups, None if self.bands is None else self.bands.similarity_of_rank)
 
     def busy(self) -> bool:
         return any(self.outbox) or any(self.probes.values()) or any(self.answers.values())
@@ -473,6 +485,7 @@ def corpus(n: int, seed: int = 7) -> list[tuple[str, str]]:
 CORPUS = corpus(60)
 
 
+@pytest.mark.parametrize("algorithm", ["simhash", "minhash", "combined"])
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 2**32),
@@ -481,11 +494,12 @@ CORPUS = corpus(60)
     fetch_order=st.sampled_from(["in order", "reversed", "random"]),
 )
 def test_the_pipeline_gives_the_embedded_engines_verdicts_on_the_same_arrival_order(
-    seed, input_partitions, batch, fetch_order
+    algorithm, seed, input_partitions, batch, fetch_order
 ):
     """Pages in a random arrival order, with fetch times in order, reversed or shuffled (they
     decide nothing), and bad records now and then: the verdicts are the Deduplicator's on the
-    order the pipeline stored them in (one worker, each batch judged before the next)."""
+    order the pipeline stored them in (one worker, each batch judged before the next), for every
+    algorithm."""
     rng = random.Random(seed)
     pages = list(CORPUS)
     rng.shuffle(pages)
@@ -504,12 +518,12 @@ def test_the_pipeline_gives_the_embedded_engines_verdicts_on_the_same_arrival_or
         records[p].append(rec(p, len(records[p]), value))
         if i % 13 == 5:  # a bad record now and then, released in its place
             records[p].append(rec(p, len(records[p]), b"not json"))
-    pipeline = Pipeline(records)
+    pipeline = Pipeline(records, algorithm=algorithm)
     pipeline.run_in_order(batch)
     got = pipeline.verdicts()
     # the arrival order: batch by batch, each batch partition by partition, in offset order
     arrival = sorted(range(len(pages)), key=lambda i: (placed[i][1] // batch, placed[i][0], placed[i][1]))
-    expected = Deduplicator("simhash").process(
+    expected = Deduplicator(algorithm).process(
         [pages[i][0] for i in arrival], [pages[i][0] for i in arrival], [pages[i][1] for i in arrival]
     )
     assert {v.verdict for v in expected} == {"unique", "near_duplicate"}

@@ -183,7 +183,7 @@ def test_a_hostile_record_in_a_batch_fails_alone():
     ]
     parsed = parse(batch, 10_000_000)
     assert [e.reason if e else None for e in parsed.errors] == ["not_json", None, "bad_field", None, None, None]
-    fps, failed, clusters = fingerprint_contents(parsed.contents())
+    fps, failed, clusters, _ = fingerprint_contents(parsed.contents())
     assert [(i, reason) for i, reason, _ in failed] == [(1, "empty"), (2, "empty")]  # positions among the good
     assert len(fps) == 2 and len(set(fps.tolist())) == 2 and 0 not in fps.tolist()
     assert clusters == cluster_keys_texts(["alpha beta gamma", "delta epsilon"])  # aligned with fps

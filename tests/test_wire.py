@@ -66,7 +66,7 @@ _ONE = encode(Batch.build(group=1, fps=2, fetched=3, id_hash=4, ids=["id"], urls
         (b"XXXX" + _ONE[4:], None, "not a streamdedup batch"),
         (_ONE + b"x", None, "do not add up"),
         (_ONE[:-1], None, "do not add up"),
-        (_ONE[:20], None, "buffer is smaller"),  # rows cut short
+        (_ONE[:20], None, "cut short"),  # rows cut short
         (_ONE, ANSWERS, "expected a batch of kind 2, got kind 3"),
     ],
 )

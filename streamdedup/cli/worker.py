@@ -21,13 +21,17 @@ Examples:
 def worker(**params) -> None:
     """Run a stream worker: judge the pages topic, route pages to the unique, near-duplicate,
     verdicts and dead-letter topics.  Start as many as the pages topic has partitions; they
-    share the index (sharded by simhash block) through the consumer group --app-id."""
+    share the index (sharded by simhash block, or by LSH band for --algorithm minhash and
+    combined) through the consumer group --app-id."""
     settings = settings_from_click(params)
-    if settings.algorithm != "simhash":
+    from streamdedup.stream.app import band_scheme
+
+    try:
+        band_scheme(settings)
+    except ValueError as e:  # a threshold the permutations cannot band
         raise click.BadParameter(
-            f"the stream worker judges by simhash; {settings.algorithm!r} is available in `streamdedup scan` only",
-            param_hint="--algorithm / STREAMDEDUP_ALGORITHM",
-        )
+            f"{e} (for example --num-perm 128 --threshold 0.8)", param_hint="--threshold / --num-perm"
+        ) from None
     from streamdedup.stream.run import run_worker
 
     try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import NamedTuple
 
 import numpy as np
 import xxhash
@@ -24,11 +25,22 @@ from streamdedup.engine.records import Page, page_from_json, page_text
 from streamdedup.errors import RecordError
 from streamdedup.fingerprinting.cluster import DEFAULT_CLUSTER_N
 from streamdedup.fingerprinting.pages import Fingerprints
+from streamdedup.index.bands import BandScheme
 from streamdedup.pipeline.pending import Pending
-from streamdedup.pipeline.shard import ShardPlan
+from streamdedup.pipeline.shard import Plan
 from streamdedup.pipeline.wire import PROBES, Batch
 
-__all__ = ["Record", "Parsed", "Intake", "parse", "fingerprint_contents", "probe_batches", "fetched_ms", "id_hash"]
+__all__ = [
+    "Record",
+    "Parsed",
+    "Fingerprinted",
+    "Intake",
+    "parse",
+    "fingerprint_contents",
+    "probe_batches",
+    "fetched_ms",
+    "id_hash",
+]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -85,16 +97,25 @@ def parse(records: Sequence[Record], max_bytes: int) -> Parsed:
     return out
 
 
+class Fingerprinted(NamedTuple):
+    """What :func:`fingerprint_contents` computed, for the pages that have text, in order."""
+
+    fps: np.ndarray  # uint64 simhash
+    failed: list[tuple[int, str, str]]  # (position among the contents, reason, message) of the others
+    clusters: list[int | None]  # bottom-n cluster keys (None: no words, or cluster_n == 0)
+    extra: np.ndarray | None  # the band modes: each page's band keys and sketch (BandScheme.extra)
+
+
 def fingerprint_contents(
     contents: Sequence[tuple[str | bytes, str | None, str | None]],
     cluster_n: int = DEFAULT_CLUSTER_N,
-) -> tuple[np.ndarray, list[tuple[int, str, str]], list[int | None]]:
-    """The heavy part: visible text, simhash and cluster key of each (content, content type, charset).
+    bands: BandScheme | None = None,
+) -> Fingerprinted:
+    """The heavy part: visible text, simhash, cluster key and (``bands``: the LSH band modes)
+    band keys and sketch of each (content, content type, charset).
 
-    Returns the fingerprints of the pages that have text, in order, (position, reason,
-    message) for those that do not, and the bottom-``cluster_n`` cluster keys of the pages that
-    have text (None: no words, or ``cluster_n == 0``).  A plain function of plain data, so the
-    worker can run it in another process while its event loop goes on with Kafka.
+    A plain function of plain data, so the worker can run it in another process while its
+    event loop goes on with Kafka.
     """
     texts, failed = [], []
     for i, (content, content_type, charset) in enumerate(contents):
@@ -105,9 +126,11 @@ def fingerprint_contents(
         except Exception as e:  # a bug this page triggers: its dead letter, not the batch's
             failed.append((i, "internal_error", f"{type(e).__name__}: {e}"))
     if not texts:
-        return np.zeros(0, dtype=np.uint64), failed, []
-    fingerprints = Fingerprints(texts)
-    return fingerprints.simhash, failed, fingerprints.cluster_keys(cluster_n)
+        empty = None if bands is None else np.zeros((0, bands.extra_bytes), dtype=np.uint8)
+        return Fingerprinted(np.zeros(0, dtype=np.uint64), failed, [], empty)
+    fingerprints = Fingerprints(texts, bands.num_perm if bands is not None else 128)
+    extra = None if bands is None else bands.extra(fingerprints.minhash)
+    return Fingerprinted(fingerprints.simhash, failed, fingerprints.cluster_keys(cluster_n), extra)
 
 
 @dataclass
@@ -124,14 +147,15 @@ class Intake:
         cls,
         records: Sequence[Record],
         pending: Pending,
-        plan: ShardPlan,
+        plan: Plan,
         max_bytes: int,
         cluster_n: int = DEFAULT_CLUSTER_N,
+        bands: BandScheme | None = None,
     ) -> Intake:
         """Parse, fingerprint and register a batch, all here."""
         parsed = parse(records, max_bytes)
-        fps, failed, clusters = fingerprint_contents(parsed.contents(), cluster_n)
-        return cls.register(parsed, fps, failed, pending, plan, clusters)
+        done = fingerprint_contents(parsed.contents(), cluster_n, bands)
+        return cls.register(parsed, done.fps, done.failed, pending, plan, done.clusters, done.extra)
 
     @classmethod
     def register(
@@ -140,24 +164,27 @@ class Intake:
         fps: np.ndarray,
         failed: list[tuple[int, str, str]],
         pending: Pending,
-        plan: ShardPlan,
+        plan: Plan,
         clusters: Sequence[int | None] | None = None,
+        extra: np.ndarray | None = None,
     ) -> Intake:
         """Register a parsed and fingerprinted batch in ``pending`` (in offset order) and make its probes.
 
         ``clusters``: the cluster keys from :func:`fingerprint_contents`, aligned with ``fps``
-        (None: no keys).  They stay with the waiting page in this worker; probes do not carry them."""
+        (None: no keys).  They stay with the waiting page in this worker; probes do not carry them.
+        ``extra``: the band modes' band keys and sketches, aligned with ``fps``."""
         out = cls()
         errors = list(parsed.errors)
         good = [i for i, e in enumerate(errors) if e is None]
         for j, reason, message in failed:  # positions among the good pages
             errors[good[j]] = RecordError(reason, message)
-        fp_of, cluster_of = {}, {}
+        fp_of, cluster_of, row_of = {}, {}, {}
         keys = clusters if clusters is not None else [None] * len(fps)
-        for i, fp, key in zip((i for i in good if errors[i] is None), fps.tolist(), keys):
-            fp_of[i], cluster_of[i] = fp, key
+        for j, (i, fp, key) in enumerate(zip((i for i in good if errors[i] is None), fps.tolist(), keys)):
+            fp_of[i], cluster_of[i], row_of[i] = fp, key, j
         rows: list[tuple[int, int, int, int, str, str]] = []  # (request, fetched, id hash, partition, id, url)
         row_fps: list[int] = []
+        row_extra: list[int] = []  # the page's row in ``extra``
         for i, (r, page, error, fetched) in enumerate(zip(parsed.records, parsed.pages, errors, parsed.fetched)):
             out.partitions.add(r.partition)
             if error is not None:  # registered in offset order, dead letters in their place
@@ -191,19 +218,32 @@ class Intake:
             if req is not None:  # None: redelivered while its first delivery still waits
                 rows.append((req, fetched, id_hash(page.id), r.partition, page.id, page.url))
                 row_fps.append(fp_of[i])
+                row_extra.append(row_of[i])
         if rows:
             requests, fetched_ms_, id_hashes, partitions, ids, urls = (list(c) for c in zip(*rows))
+            fps_ = np.array(row_fps, dtype=np.uint64)
+            extra_ = None if extra is None else extra[np.array(row_extra, dtype=np.int64)]
             out.probes = probe_batches(
-                plan, np.array(row_fps, dtype=np.uint64), requests, fetched_ms_, id_hashes, partitions, ids, urls
+                plan, fps_, requests, fetched_ms_, id_hashes, partitions, ids, urls, extra=extra_
             )
         return out
 
 
 def probe_batches(
-    plan: ShardPlan, fps: np.ndarray, requests, fetched, id_hashes, partitions, ids, urls, kind: int = PROBES
+    plan: Plan,
+    fps: np.ndarray,
+    requests,
+    fetched,
+    id_hashes,
+    partitions,
+    ids,
+    urls,
+    kind: int = PROBES,
+    extra: np.ndarray | None = None,
 ) -> dict[int, Batch]:
-    """One probe per (page, table group), grouped by the shard partition that owns it."""
-    dest = plan.probes(fps)  # (n, groups)
+    """One probe per (page, table group or band), grouped by the shard partition that owns it.
+    ``extra``: each page's band keys and sketch (the band modes; every probe of the page carries them)."""
+    dest = plan.probes(fps, extra)  # (n, groups)
     n, g = dest.shape
     page_of = np.repeat(np.arange(n), g)
     flat = Batch.build(
@@ -216,6 +256,7 @@ def probe_batches(
         ids=[ids[i] for i in page_of.tolist()],
         urls=[urls[i] for i in page_of.tolist()],
         kind=kind,
+        extra=None if extra is None else extra[page_of],
     )
     dest = dest.ravel()
     return {s: flat.select(dest == s) for s in np.unique(dest).tolist()}

@@ -60,6 +60,7 @@ class Waiting:
         None  # a check's callback, called with the record when its answers are in
     )
     cluster: int | None = None  # the page's bottom-n cluster key (None: no words, or keys off)
+    similarity: float | None = None  # the match's estimated resemblance (the minhash mode)
 
     @property
     def done(self) -> bool:
@@ -74,8 +75,11 @@ class Waiting:
 
 
 class Pending:
-    def __init__(self, n_groups: int) -> None:
-        self.n_groups = n_groups
+    """``similarity_of``: the estimated resemblance a match's rank stands for (the minhash mode;
+    None: the answers' distances are Hamming distances)."""
+
+    def __init__(self, n_groups: int, similarity_of: Callable[[int], float | None] | None = None) -> None:
+        self.n_groups, self.similarity_of = n_groups, similarity_of
         self._parts: dict[int, OrderedDict[int, Waiting]] = {}
         self._requests: dict[int, Waiting] = {}
         self._prefix = int.from_bytes(os.urandom(4), "little") << 32
@@ -214,6 +218,8 @@ class Pending:
         if distance >= 0 and match is not None:
             if w.best is None or (distance, group) < (w.best[0], w.best_group):  # nearest, then lowest group
                 w.best, w.best_group = (distance, *match), group
+                if self.similarity_of is not None:
+                    w.similarity = self.similarity_of(distance)
         if w.done:
             del self._requests[request]
             if w.on_done is not None:

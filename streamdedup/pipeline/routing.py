@@ -4,7 +4,9 @@
   bytes unchanged, the input's headers kept, plus ``streamdedup-verdict``,
   ``streamdedup-fingerprint`` (16 hex digits), ``streamdedup-cluster`` (the bottom-n cluster
   key, 16 hex digits; absent for a page without words or with ``--cluster-n 0``) and, for a near-duplicate,
-  ``streamdedup-match-id``, ``streamdedup-match-url`` and ``streamdedup-distance``.
+  ``streamdedup-match-id``, ``streamdedup-match-url``, ``streamdedup-distance`` (the simhash
+  Hamming distance to the match) and, in the minhash mode, ``streamdedup-similarity`` (the
+  estimated resemblance, 4 decimals).
 * Every page also gets one compact JSON record on the verdicts topic, keyed by page id.
 * A bad record goes to the dead-letter topic as it came (its own key, the input bytes and
   headers), and ``streamdedup-reason`` (a code) and ``streamdedup-error`` (a sentence).
@@ -29,7 +31,7 @@ from streamdedup.engine.records import MAX_ID_BYTES, MAX_URL_BYTES
 from streamdedup.fingerprinting.simhash import to_hex
 from streamdedup.pipeline.pending import Waiting
 
-__all__ = ["HEADER_PREFIX", "TRUNCATED_BYTES", "OUTPUT_OVERHEAD_BYTES", "Topics", "Output", "outputs", "verdict_record"]
+__all__ = ["match_distance", "HEADER_PREFIX", "TRUNCATED_BYTES", "OUTPUT_OVERHEAD_BYTES", "Topics", "Output", "outputs", "verdict_record"]
 
 HEADER_PREFIX = "streamdedup-"
 #: How much of a refused dead letter's value is kept (shrink level 1).
@@ -70,10 +72,17 @@ def verdict_record(w: Waiting) -> dict:
         w.fingerprint,
         best[4] if best else None,
         best[5] if best else None,
-        best[0] if best else None,
+        match_distance(w),
+        similarity=w.similarity if best else None,
         cluster=w.cluster,
     )
     return {**v.to_dict(), "partition": w.partition, "offset": w.offset}
+
+
+def match_distance(w: Waiting) -> int | None:
+    """The Hamming distance of the page's simhash to its match's (the answer's rank in the simhash
+    mode; the band modes rank by something else)."""
+    return None if w.best is None or w.fingerprint is None else (w.fingerprint ^ w.best[3]).bit_count()
 
 
 def outputs(w: Waiting, topics: Topics, shrink: int = 0) -> list[Output]:
@@ -102,12 +111,14 @@ def outputs(w: Waiting, topics: Topics, shrink: int = 0) -> list[Output]:
     if w.cluster is not None:
         ours.append(("streamdedup-cluster", to_hex(w.cluster).encode()))
     if w.best is not None:
-        distance, _, _, _, match_id, match_url = w.best
+        _, _, _, _, match_id, match_url = w.best
         ours += [
             ("streamdedup-match-id", match_id.encode("utf-8", "replace")),
             ("streamdedup-match-url", match_url.encode("utf-8", "replace")),
-            ("streamdedup-distance", str(distance).encode()),
+            ("streamdedup-distance", str(match_distance(w)).encode()),
         ]
+        if w.similarity is not None:
+            ours.append(("streamdedup-similarity", f"{w.similarity:.4f}".encode()))
     target = topics.unique if w.best is None else topics.near_duplicate
     record = json.dumps(verdict_record(w), ensure_ascii=False, separators=(",", ":")).encode("utf-8", "replace")
     return [Output(target, key, w.value, kept + ours), Output(topics.verdicts, key, record, ours)]

@@ -38,6 +38,7 @@ import zipfile
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import xxhash
@@ -50,10 +51,59 @@ from streamdedup.index.tables import TableDesign
 from streamdedup.pipeline.snapshot_file import read_arrays, write_arrays
 from streamdedup.pipeline.wire import ANSWERS, CHECKS, PROBES, Batch, decode, kind_of
 
-__all__ = ["ShardPlan", "Shard", "Answers", "StringHeap", "ShardStep", "shard_step"]
+__all__ = ["Plan", "Store", "ShardPlan", "Shard", "Answers", "StringHeap", "ShardStep", "shard_step"]
 
 _PARTITION_SEED = np.uint64(0x5EED_5A4D)
 _GROUP_SPREAD = np.uint64(0x9E3779B97F4A7C15)
+
+
+def partition_of(keys: np.ndarray, partitions: int) -> np.ndarray:
+    """The shard partition that owns each 64-bit routing key (part of the stored format)."""
+    return (mix64(np.asarray(keys, dtype=np.uint64) ^ _PARTITION_SEED) % np.uint64(partitions)).astype(np.int64)
+
+
+class Store(Protocol):
+    """One group's stored pages in one shard: the simhash tables of a group (:class:`_GroupStore`)
+    or an LSH band (:class:`~streamdedup.pipeline.bands.BandStore`)."""
+
+    texts: StringHeap
+
+    def __len__(self) -> int: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def probe_and_insert(
+        self, sel, fps, fetched, id_hash, ids, urls, out: Answers, insert: bool = True, extra=None
+    ) -> None: ...
+
+    def state(self) -> dict[str, np.ndarray]: ...
+
+    def load(self, rec: Batch) -> None: ...
+
+    def prepare(self) -> None: ...
+
+
+class Plan(Protocol):
+    """Which shard partition each probe of a page goes to, and what a shard stores per group:
+    :class:`ShardPlan` (simhash tables) or :class:`~streamdedup.pipeline.bands.BandPlan` (LSH bands)."""
+
+    @property
+    def partitions(self) -> int: ...
+
+    @property
+    def extra_bytes(self) -> int: ...
+
+    @property
+    def n_groups(self) -> int: ...
+
+    def describe(self) -> list[int]: ...
+
+    def new_store(self, group: int, strings: str | None) -> Store: ...
+
+    def store_from_state(self, group: int, state: dict[str, np.ndarray], strings: str | None) -> Store: ...
+
+    def probes(self, fps: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)
@@ -80,8 +130,20 @@ class ShardPlan:
     def n_groups(self) -> int:
         return len(self.tables)
 
-    def probes(self, fps: np.ndarray) -> np.ndarray:
-        """Partition of each (page, group) probe, shape (n, n_groups).
+    extra_bytes = 0  # probes carry no bytes besides the row (see BandPlan)
+
+    def describe(self) -> list[int]:
+        """The plan as integers: a snapshot is only loaded by a worker of the same plan."""
+        return [self.partitions, *self.design.levels]
+
+    def new_store(self, group: int, strings: str | None) -> _GroupStore:
+        return _GroupStore(self.group_design(group), self.masks[: group + 1], strings)
+
+    def store_from_state(self, group: int, state: dict[str, np.ndarray], strings: str | None) -> _GroupStore:
+        return _GroupStore.from_state(state, self.masks[: group + 1], strings)
+
+    def probes(self, fps: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
+        """Partition of each (page, group) probe, shape (n, n_groups) (``extra``: unused).
 
         The partition is a hash of (group, the fingerprint's bits in the group): part of the
         stored format, since a shard's state is only findable through it.
@@ -89,7 +151,7 @@ class ShardPlan:
         fps = np.asarray(fps, dtype=np.uint64)
         groups = np.arange(self.n_groups, dtype=np.uint64)
         keys = (fps[:, None] & self.masks[None, :]) ^ ((groups + np.uint64(1)) * _GROUP_SPREAD)[None, :]
-        return (mix64(keys ^ _PARTITION_SEED) % np.uint64(self.partitions)).astype(np.int64)
+        return partition_of(keys, self.partitions)
 
     def group_design(self, group: int) -> TableDesign:
         return self.design.restricted(self.tables[group])
@@ -228,9 +290,9 @@ class Shard:
     group (``<strings>.g<group>.strings``), read only for the matches an answer reports; None
     keeps them in memory."""
 
-    def __init__(self, plan: ShardPlan, strings: str | None = None) -> None:
+    def __init__(self, plan: Plan, strings: str | None = None) -> None:
         self.plan, self.strings = plan, strings
-        self._groups: dict[int, _GroupStore] = {}
+        self._groups: dict[int, Store] = {}
 
     def close(self) -> None:
         """Close the string files (the shard is no longer used)."""
@@ -242,7 +304,7 @@ class Shard:
 
     def __len__(self) -> int:
         """Stored (page, group) entries."""
-        return sum(len(g.index) for g in self._groups.values())
+        return sum(len(g) for g in self._groups.values())
 
     @property
     def nbytes(self) -> int:
@@ -257,11 +319,13 @@ class Shard:
         ids: list[str],
         urls: list[str],
         store: bool = True,
+        extra: np.ndarray | None = None,
     ) -> Answers:
         """Store a batch of probes' pages in order, then answer each probe (the module's rule).
 
         ``store=False``: only answer, against the stored pages (a check: its position is after
-        every stored page, or its first store if its id and fingerprint are stored)."""
+        every stored page, or its first store if its id and fingerprint are stored).  ``extra``:
+        the probes' extra bytes (the band modes)."""
         n = len(fps)
         out = Answers(
             np.full(n, -1, np.int64),
@@ -279,7 +343,15 @@ class Shard:
             if gstore is None:
                 gstore = self._groups[g] = self._new_group(g)
             gstore.probe_and_insert(
-                sel, fps[sel], fetched[sel], id_hash[sel], [ids[i] for i in sel], [urls[i] for i in sel], out, insert
+                sel,
+                fps[sel],
+                fetched[sel],
+                id_hash[sel],
+                [ids[i] for i in sel],
+                [urls[i] for i in sel],
+                out,
+                insert,
+                None if extra is None else extra[sel],
             )
         return out
 
@@ -287,14 +359,14 @@ class Shard:
         """Write the shard to ``path`` (the arrays as they are, replaced atomically; see
         :mod:`~streamdedup.pipeline.snapshot_file`), with ``meta`` (JSON-able: e.g. the
         changelog offset the snapshot covers)."""
-        arrays: dict[str, np.ndarray] = {"plan": np.array([self.plan.partitions, *self.plan.design.levels])}
+        arrays: dict[str, np.ndarray] = {"plan": np.array(self.plan.describe())}
         for g, store in self._groups.items():
             for name, value in store.state().items():
                 arrays[f"g{g}.{name}"] = value
         write_arrays(path, arrays, meta or {})
 
     @classmethod
-    def load(cls, path: os.PathLike[str] | str, plan: ShardPlan, strings: str | None = None) -> tuple[Shard, dict]:
+    def load(cls, path: os.PathLike[str] | str, plan: Plan, strings: str | None = None) -> tuple[Shard, dict]:
         """Read a shard written by :meth:`save` (or, before that format, by ``np.savez``);
         returns it and its ``meta``.  ``strings``: as for the constructor (a snapshot of an
         in-memory shard moves its strings to the files).
@@ -303,7 +375,7 @@ class Shard:
         string file it needs is missing, damaged or another shard's.
         """
         arrays, meta = _read_snapshot(path)
-        if arrays.get("plan") is None or arrays["plan"].tolist() != [plan.partitions, *plan.design.levels]:
+        if arrays.get("plan") is None or arrays["plan"].tolist() != plan.describe():
             raise ValueError(f"the shard snapshot {path} was written for another shard plan")
         shard = cls(plan, strings)
         groups: dict[int, dict[str, np.ndarray]] = {}
@@ -313,14 +385,19 @@ class Shard:
                 groups.setdefault(int(number), {})[name] = value
         try:
             for g, state in groups.items():
-                shard._groups[g] = _GroupStore.from_state(state, plan.masks[: g + 1], shard._strings_path(g))
+                shard._groups[g] = plan.store_from_state(g, state, shard._strings_path(g))
         except BaseException:
             shard.close()
             raise
         return shard, meta
 
-    def _new_group(self, g: int) -> _GroupStore:
-        return _GroupStore(self.plan.group_design(g), self.plan.masks[: g + 1], self._strings_path(g))
+    def _new_group(self, g: int) -> Store:
+        return self.plan.new_store(g, self._strings_path(g))
+
+    def prepare(self) -> None:
+        """Build lookup structures now (after recovery), not on the first probe."""
+        for store in self._groups.values():
+            store.prepare()
 
     def restore(self, inserts: Batch) -> None:
         """Store decoded changelog rows as they are (recovery: no probing, no checks)."""
@@ -367,6 +444,7 @@ def shard_step(shard_of: Callable[[int], Shard], messages: Iterable[tuple[int, b
             probes.ids(),
             probes.urls(),
             store=kind == PROBES,
+            extra=probes.extra,
         )
         if ans.stored.any():
             stored = probes.select(ans.stored)
@@ -403,13 +481,22 @@ class _GroupStore:
         self.fetched, self.id_hash = GrowingArray(np.int64), GrowingArray(np.uint64)  # (fingerprints: the index's)
         self.texts = StringHeap(strings)  # id of row r at 2r ("" when it is the url), its url at 2r + 1
 
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def prepare(self) -> None:
+        self.index.prepare()
+
     @property
     def nbytes(self) -> int:
         cols = (self.fetched, self.id_hash)
         return self.index.nbytes + sum(c.nbytes for c in cols) + self.texts.nbytes
 
-    def probe_and_insert(self, sel, fps, fetched, id_hash, ids, urls, out: Answers, insert: bool = True) -> None:
-        """Store the batch's new pages, then answer every probe (linear: no batch x batch matrix)."""
+    def probe_and_insert(
+        self, sel, fps, fetched, id_hash, ids, urls, out: Answers, insert: bool = True, extra=None
+    ) -> None:
+        """Store the batch's new pages, then answer every probe (linear: no batch x batch matrix).
+        (``extra``: unused; a simhash probe carries none.)"""
         n, start = len(fps), len(self.id_hash)
         found = self.index.search(fps)  # the pages stored before this batch, within k
         q, row, dist = found.query, found.row, found.distance
@@ -466,17 +553,7 @@ class _GroupStore:
 
     def state(self) -> dict[str, np.ndarray]:
         out = {f"index.{k}": v for k, v in self.index.state().items()}
-        out.update(
-            {
-                "fetched": self.fetched.view(),
-                "id_hash": self.id_hash.view(),
-                "text_ends": self.texts.ends(),
-            }
-        )
-        if self.texts.path is None:
-            out["texts"] = np.frombuffer(self.texts.data(), dtype=np.uint8)
-        else:  # the file holds them: the snapshot records which bytes (see StringHeap.open)
-            out["text_check"] = np.array(self.texts.checksum(), dtype=np.uint64)
+        out.update({"fetched": self.fetched.view(), "id_hash": self.id_hash.view(), **texts_state(self.texts)})
         return out
 
     @classmethod
@@ -486,14 +563,7 @@ class _GroupStore:
         store.index = HammingIndex.from_state({k[6:]: v for k, v in state.items() if k.startswith("index.")})
         # taken over, not copied: a snapshot's arrays are read fresh (snapshot_file)
         store.fetched, store.id_hash = GrowingArray.of(state["fetched"]), GrowingArray.of(state["id_hash"])
-        ends = state["text_ends"]
-        if "texts" in state:  # a snapshot of in-memory strings (to memory, or to a new file)
-            store.texts = StringHeap(strings)
-            store.texts.extend_raw(state["texts"].tobytes(), np.diff(ends, prepend=0))
-        elif strings is None:
-            raise ValueError("the snapshot keeps its strings in files, and no string file was given")
-        else:
-            store.texts = StringHeap.open(strings, ends, int(state["text_check"]))
+        store.texts = texts_from_state(state, strings)
         return store
 
     def load(self, rec: Batch) -> None:
@@ -502,6 +572,26 @@ class _GroupStore:
         self.index.add_many(range(start, start + len(rec)), rec.fps)
         self.fetched.extend(rec.fetched)
         self.id_hash.extend(rec.id_hash)
+
+
+def texts_state(texts: StringHeap) -> dict[str, np.ndarray]:
+    """What a snapshot keeps of a store's strings: their ends, and the bytes (in memory) or the
+    file's checksum (file-backed: the file holds them; see :meth:`StringHeap.open`)."""
+    if texts.path is None:
+        return {"text_ends": texts.ends(), "texts": np.frombuffer(texts.data(), dtype=np.uint8)}
+    return {"text_ends": texts.ends(), "text_check": np.array(texts.checksum(), dtype=np.uint64)}
+
+
+def texts_from_state(state: dict[str, np.ndarray], strings: str | None) -> StringHeap:
+    """The strings :func:`texts_state` describes, in memory or in the file ``strings``."""
+    ends = state["text_ends"]
+    if "texts" in state:  # a snapshot of in-memory strings (to memory, or to a new file)
+        texts = StringHeap(strings)
+        texts.extend_raw(state["texts"].tobytes(), np.diff(ends, prepend=0))
+        return texts
+    if strings is None:
+        raise ValueError("the snapshot keeps its strings in files, and no string file was given")
+    return StringHeap.open(strings, ends, int(state["text_check"]))
 
 
 def _read_snapshot(path: os.PathLike[str] | str) -> tuple[dict[str, np.ndarray], dict]:

@@ -10,7 +10,11 @@ batch of stored pages.  All three use one layout, decoded with a single ``np.fro
          | partition u32 | id_len u32 | url_len u32            (little-endian)
 
 and the strings are every row's id then url, UTF-8, in row order; an id equal to its url (the
-default id) is written empty, since ids are never empty.  What the fields mean:
+default id) is written empty, since ids are never empty.  Rows of the LSH band modes carry
+``w`` more bytes each (the band keys and sketch, :meth:`~streamdedup.index.bands.BandScheme.extra`),
+in a layout of its own::
+
+    magic b"SDB3" | kind u8 | scheme u8 | n u32 | w u16 | n rows of ROW | n x w extra bytes | strings  What the fields mean:
 
 * a **probe**: a page to look up in one table group; ``request`` names the waiting page,
   ``partition`` is the input partition its answer goes back to;
@@ -58,6 +62,8 @@ assert ROW.itemsize == 48
 PROBES, ANSWERS, CHANGELOG, CHECKS = 1, 2, 3, 4  # CHECKS: probes that only look (POST /check)
 _MAGIC = b"SDB2"
 _HEAD = struct.Struct("<4sBBI")
+_MAGIC_EXTRA = b"SDB3"  # rows with extra bytes (the band modes)
+_WIDTH = struct.Struct("<H")
 _MAGIC_V1 = b"SDB1"  # the layout before the scheme byte: every such batch is scheme 1
 _HEAD_V1 = struct.Struct("<4sBI")
 #: What an operator does about state of another scheme (the worker's messages add the topics).
@@ -76,6 +82,7 @@ class Batch:
     rows: np.ndarray  # ROW structured array
     strings: bytes
     kind: int = 0
+    extra: np.ndarray | None = None  # (n, w) uint8: each row's extra bytes (band modes), or None
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -127,7 +134,7 @@ class Batch:
             ends = np.cumsum(per_row)
             blob = memoryview(self.strings)
             strings = b"".join(blob[e - n : e] for e, n in zip(ends[idx].tolist(), per_row[idx].tolist()))
-        return Batch(self.rows[idx], strings, self.kind)
+        return Batch(self.rows[idx], strings, self.kind, None if self.extra is None else self.extra[idx])
 
     @classmethod
     def build(
@@ -143,8 +150,9 @@ class Batch:
         distance=0,
         partition=0,
         kind: int = 0,
+        extra: np.ndarray | None = None,
     ) -> Batch:
-        """Rows from columns (scalars broadcast) and strings."""
+        """Rows from columns (scalars broadcast), strings and, for the band modes, extra bytes."""
         n = len(ids)
         rows = np.zeros(n, dtype=ROW)
         for name, value in (
@@ -164,17 +172,27 @@ class Batch:
             parts += (ab, ub)
             id_len[i], url_len[i] = len(ab), len(ub)
         rows["id_len"], rows["url_len"] = id_len, url_len
-        return cls(rows, b"".join(parts), kind)
+        if extra is not None:
+            extra = np.ascontiguousarray(extra, dtype=np.uint8).reshape(n, -1)
+        return cls(rows, b"".join(parts), kind, extra)
 
     @classmethod
     def concat(cls, batches: Sequence[Batch]) -> Batch:
         if not batches:
             return cls(np.zeros(0, dtype=ROW), b"")
-        return cls(np.concatenate([b.rows for b in batches]), b"".join(b.strings for b in batches), batches[0].kind)
+        extras = [b.extra for b in batches]
+        if any(e is None for e in extras) and not all(e is None for e in extras):
+            raise ValueError("cannot join batches with and without extra bytes")
+        extra = None if extras[0] is None else np.concatenate([e for e in extras if e is not None])
+        rows = np.concatenate([b.rows for b in batches])
+        return cls(rows, b"".join(b.strings for b in batches), batches[0].kind, extra)
 
 
 def encode(batch: Batch, kind: int) -> bytes:
     """One message value for ``batch``."""
+    if batch.extra is not None and batch.extra.shape[1]:
+        head = _HEAD.pack(_MAGIC_EXTRA, kind, SCHEME, len(batch.rows)) + _WIDTH.pack(batch.extra.shape[1])
+        return head + batch.rows.tobytes() + np.ascontiguousarray(batch.extra).tobytes() + batch.strings
     return _HEAD.pack(_MAGIC, kind, SCHEME, len(batch.rows)) + batch.rows.tobytes() + batch.strings
 
 
@@ -184,34 +202,49 @@ def decode(values: Sequence[bytes], kind: int | None = None) -> Batch:
 
     ``kind``: the kind every value must have (None: any, taken from the first).
     """
-    rows, strings = [], []
+    rows, strings, extras = [], [], []
+    width: int | None = None
     for value in values:
         if value[:4] == _MAGIC_V1:
             _refuse(1, _HEAD_V1.unpack_from(value)[1] if len(value) >= _HEAD_V1.size else None)
         if len(value) < _HEAD.size:
             raise ValueError(f"a batch of {len(value)} bytes is shorter than its header")
         magic, k, scheme, n = _HEAD.unpack_from(value)
-        if magic != _MAGIC:
+        if magic not in (_MAGIC, _MAGIC_EXTRA):
             raise ValueError(f"not a streamdedup batch (magic {magic!r})")
         if scheme != SCHEME:
             _refuse(scheme, k)
         if kind is not None and k != kind:
             raise ValueError(f"expected a batch of kind {kind}, got kind {k}")
-        kind = k
-        r = np.frombuffer(value, dtype=ROW, count=n, offset=_HEAD.size) if n else np.zeros(0, dtype=ROW)
-        body = value[_HEAD.size + n * ROW.itemsize :]
+        kind, at, w = k, _HEAD.size, 0
+        if magic == _MAGIC_EXTRA:
+            if len(value) < at + _WIDTH.size:
+                raise ValueError("a batch with extra bytes is shorter than its header")
+            (w,), at = _WIDTH.unpack_from(value, at), at + _WIDTH.size
+        if width is not None and w != width:
+            raise ValueError(f"batches of {width} and {w} extra bytes a row cannot be joined")
+        width = w
+        if len(value) < at + n * (ROW.itemsize + w):
+            raise ValueError(f"a batch of {n} rows is cut short ({len(value)} bytes)")
+        r = np.frombuffer(value, dtype=ROW, count=n, offset=at) if n else np.zeros(0, dtype=ROW)
+        at += n * ROW.itemsize
+        if w:
+            extras.append(np.frombuffer(value, dtype=np.uint8, count=n * w, offset=at).reshape(n, w))
+            at += n * w
+        body = value[at:]
         if len(body) != int(r["id_len"].sum(dtype=np.int64) + r["url_len"].sum(dtype=np.int64)):
             raise ValueError("a batch's string lengths do not add up")
         rows.append(r)
         strings.append(body)
     if not rows:
         return Batch(np.zeros(0, dtype=ROW), b"", kind or 0)
-    return Batch(np.concatenate(rows) if len(rows) > 1 else rows[0].copy(), b"".join(strings), kind or 0)
+    extra = np.concatenate(extras) if width else None
+    return Batch(np.concatenate(rows) if len(rows) > 1 else rows[0].copy(), b"".join(strings), kind or 0, extra)
 
 
 def kind_of(value: bytes) -> int | None:
     """The kind of an encoded batch, of any scheme (None if it is not one)."""
-    if len(value) < 5 or value[:4] not in (_MAGIC, _MAGIC_V1):
+    if len(value) < 5 or value[:4] not in (_MAGIC, _MAGIC_EXTRA, _MAGIC_V1):
         return None
     return value[4]
 

@@ -25,12 +25,14 @@ import faust
 import numpy as np
 from prometheus_client import REGISTRY, CollectorRegistry
 
+from streamdedup.index.bands import BandScheme
 from streamdedup.index.hamming import HammingIndex
+from streamdedup.pipeline.bands import BandPlan
 from streamdedup.pipeline.intake import Intake, Record, fingerprint_contents, parse
 from streamdedup.pipeline.offsets import Delivery
 from streamdedup.pipeline.pending import Pending, Waiting
-from streamdedup.pipeline.routing import Topics
-from streamdedup.pipeline.shard import ShardPlan, shard_step
+from streamdedup.pipeline.routing import Topics, match_distance
+from streamdedup.pipeline.shard import Plan, ShardPlan, shard_step
 from streamdedup.pipeline.wire import ANSWERS, CHANGELOG, PROBES, Batch, decode, encode, kind_of
 from streamdedup.settings import Settings
 from streamdedup.stream.check import Checker
@@ -46,7 +48,7 @@ __all__ = ["Worker", "internal_topics", "table_design"]
 
 log = logging.getLogger("streamdedup.worker")
 RAW: dict[str, Any] = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
-MAX_ROWS = 2000  # rows per internal message (a row is 48 bytes plus its id and url)
+MAX_ROWS = 2000  # rows per internal message (a row is 48 bytes plus its extra bytes, id and url)
 MAX_MESSAGE_BYTES = 512 * 1024  # bytes of rows per internal message: half the broker's default limit
 CHECKS_PER_PROCESS = 4  # POST /check requests in progress per fingerprinting process; 503 beyond
 # a failing shard or answers batch is tried this many times, waiting RETRY_FIRST seconds after
@@ -74,6 +76,14 @@ def table_design(settings: Settings):
     return HammingIndex(k=settings.k, design=settings.design).design
 
 
+def band_scheme(settings: Settings) -> BandScheme | None:
+    """The LSH bands of ``--algorithm minhash`` / ``combined`` (None: simhash)."""
+    if settings.algorithm == "simhash":
+        return None
+    verify = "minhash" if settings.algorithm == "minhash" else "simhash"
+    return BandScheme.for_threshold(settings.threshold, settings.num_perm, verify=verify, k=settings.k)
+
+
 @dataclass
 class Worker:
     """The app and the state its agents share (one per process)."""
@@ -81,22 +91,21 @@ class Worker:
     settings: Settings
     registry: CollectorRegistry = REGISTRY
     app: faust.App = field(init=False)
-    plan: ShardPlan = field(init=False)
+    plan: Plan = field(init=False)
     pending: Pending = field(init=False)
     metrics: Metrics = field(init=False)
 
     def __post_init__(self) -> None:
         s = self.settings
-        if s.algorithm != "simhash":
-            raise ValueError(
-                f"the stream worker judges pages by simhash; --algorithm {s.algorithm} is available "
-                "in `streamdedup scan` only; use --algorithm simhash"
-            )
-        self.plan = ShardPlan(table_design(s), s.partitions)
-        self.pending = Pending(self.plan.n_groups)
+        self.bands = band_scheme(s)
+        self.plan = (
+            ShardPlan(table_design(s), s.partitions) if self.bands is None else BandPlan(self.bands, s.partitions)
+        )
+        self.pending = Pending(self.plan.n_groups, None if self.bands is None else self.bands.similarity_of_rank)
         self.metrics = Metrics.create(self.registry)
         self.gauges = Gauges(self.metrics)
-        self.metrics.configure(s, len(self.plan.design.keys), self.plan.n_groups)
+        tables = len(table_design(s).keys) if self.bands is None else self.bands.bands
+        self.metrics.configure(s, tables, self.plan.n_groups)
         self.topics = Topics(s.unique_topic, s.near_duplicate_topic, s.verdicts_topic, s.dead_letter_topic)
         self.outbox = Outbox(
             s,
@@ -218,6 +227,7 @@ class Worker:
             pool=self._pool,
             max_concurrent=CHECKS_PER_PROCESS * max(1, s.fingerprint_processes),
             cluster_n=s.cluster_n,
+            bands=self.bands,
         )
         metrics, faults = self.metrics, self.faults
 
@@ -392,7 +402,7 @@ class Worker:
             contents = parsed.contents()
             if self._pool is not None:
                 result = asyncio.get_running_loop().run_in_executor(
-                    self._pool, fingerprint_contents, contents, self.settings.cluster_n
+                    self._pool, fingerprint_contents, contents, self.settings.cluster_n, self.bands
                 )
             else:
                 result = None
@@ -404,13 +414,17 @@ class Worker:
             await self._turn.wait_for(lambda: self._next_ticket == ticket)
         try:
             if error is None:
-                fps, failed, clusters = (
-                    await result if result is not None else fingerprint_contents(contents, self.settings.cluster_n)
+                done = (
+                    await result
+                    if result is not None
+                    else fingerprint_contents(contents, self.settings.cluster_n, self.bands)
                 )
                 if generation != self._generation:
                     raise _Stale()
                 assert parsed is not None  # no error: parsed
-                intake = Intake.register(parsed, fps, failed, self.pending, self.plan, clusters)
+                intake = Intake.register(
+                    parsed, done.fps, done.failed, self.pending, self.plan, done.clusters, done.extra
+                )
         except _Stale:
             error = _Stale()
         except Exception as e:
@@ -753,7 +767,9 @@ class Worker:
                 continue
             m.verdicts.labels(w.verdict).inc()
             if w.best is not None:
-                m.match_distance.observe(w.best[0])
+                m.match_distance.observe(match_distance(w) or 0)
+                if w.similarity is not None:
+                    m.match_similarity.observe(w.similarity)
             if (lat := latency_seconds(w, now)) is not None:
                 m.latency.observe(lat)
 
@@ -841,9 +857,10 @@ def _describe(error: Exception, stage: str) -> str:
 
 def _chunks(batch: Batch):
     """``batch`` in pieces of at most MAX_ROWS rows and MAX_MESSAGE_BYTES bytes (a row is 48
-    bytes plus its id and url, which intake bounds), so no internal message can exceed the
-    broker's default limit of 1 MiB."""
-    sizes = 48 + batch.rows["id_len"].astype(np.int64) + batch.rows["url_len"]
+    bytes, plus its extra bytes in the band modes (at most ~1.5 KiB), plus its id and url, which
+    intake bounds), so no internal message can exceed the broker's default limit of 1 MiB."""
+    width = 0 if batch.extra is None else batch.extra.shape[1]
+    sizes = 48 + width + batch.rows["id_len"].astype(np.int64) + batch.rows["url_len"]
     if len(batch) <= MAX_ROWS and int(sizes.sum()) <= MAX_MESSAGE_BYTES:
         yield batch
         return

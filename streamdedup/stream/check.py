@@ -28,10 +28,11 @@ from streamdedup.engine.records import page_from_json, page_text
 from streamdedup.errors import RecordError
 from streamdedup.fingerprinting.cluster import DEFAULT_CLUSTER_N
 from streamdedup.fingerprinting.pages import Fingerprints
+from streamdedup.index.bands import BandScheme
 from streamdedup.pipeline.intake import fetched_ms, id_hash, probe_batches
 from streamdedup.pipeline.pending import Pending
 from streamdedup.pipeline.routing import verdict_record
-from streamdedup.pipeline.shard import ShardPlan
+from streamdedup.pipeline.shard import Plan
 from streamdedup.pipeline.wire import CHECKS, encode
 
 __all__ = ["Checker", "Judged", "judge_body", "RETRY_AFTER_SECONDS"]
@@ -51,11 +52,14 @@ class Judged:
     cluster: int | None = None
     reason: str | None = None
     error: str | None = None
+    extra: bytes = b""  # the band modes: the page's band keys and sketch (BandScheme.extra)
 
 
-def judge_body(body: bytes, max_bytes: int, now_ms: int, cluster_n: int = DEFAULT_CLUSTER_N) -> Judged:
+def judge_body(
+    body: bytes, max_bytes: int, now_ms: int, cluster_n: int = DEFAULT_CLUSTER_N, bands: BandScheme | None = None
+) -> Judged:
     """Parse, extract and fingerprint one check body (runs in the process pool), with its
-    bottom-``cluster_n`` cluster key.
+    bottom-``cluster_n`` cluster key and (``bands``) its band keys and sketch.
 
     Every failure is a :class:`Judged` with a reason, never an exception: a bug the body
     triggers is ``internal_error`` for this request only.
@@ -66,14 +70,15 @@ def judge_body(body: bytes, max_bytes: int, now_ms: int, cluster_n: int = DEFAUL
     try:
         page = page_from_json(body, max_bytes)
         fetched = fetched_ms(page.fetched_at, now_ms)
-        fingerprints = Fingerprints([page_text(page)])
+        fingerprints = Fingerprints([page_text(page)], bands.num_perm if bands is not None else 128)
         fp = int(fingerprints.simhash[0])
         cluster = fingerprints.cluster_keys(cluster_n)[0]
+        extra = b"" if bands is None else bands.extra(fingerprints.minhash).tobytes()
     except RecordError as e:
         return Judged(reason=e.reason, error=e.message)
     except Exception as e:  # one request's bug is that request's answer
         return Judged(reason="internal_error", error=f"{type(e).__name__}: {e}")
-    return Judged(page.id, page.url, fetched, fp, cluster)
+    return Judged(page.id, page.url, fetched, fp, cluster, extra=extra)
 
 
 @dataclass
@@ -86,7 +91,7 @@ class Checker:
     """
 
     pending: Pending
-    plan: ShardPlan
+    plan: Plan
     send_probes: Callable[[int, bytes], Awaitable[object]]
     owned: Callable[[], list[int]]
     max_bytes: int
@@ -94,6 +99,7 @@ class Checker:
     max_concurrent: int = 16
     timeout: float = 10.0
     cluster_n: int = DEFAULT_CLUSTER_N
+    bands: BandScheme | None = None  # the band modes' scheme (None: simhash)
     active: int = field(default=0, init=False)
 
     async def read_body(self, content_length: int | None, content) -> tuple[bytes | None, dict | None]:
@@ -138,7 +144,7 @@ class Checker:
     async def _check(self, body: bytes) -> tuple[int, dict, dict]:
         loop = asyncio.get_running_loop()
         judged = await loop.run_in_executor(
-            self.pool, judge_body, body, self.max_bytes, int(time.time() * 1000), self.cluster_n
+            self.pool, judge_body, body, self.max_bytes, int(time.time() * 1000), self.cluster_n, self.bands
         )
         if judged.reason is not None:
             status = 413 if judged.reason == "too_large" else 500 if judged.reason == "internal_error" else 400
@@ -171,6 +177,7 @@ class Checker:
                 [judged.page_id],
                 [judged.url],
                 kind=CHECKS,
+                extra=np.frombuffer(judged.extra, dtype=np.uint8).reshape(1, -1) if self.bands is not None else None,
             )
             for s, batch in batches.items():
                 await self.send_probes(s, encode(batch, CHECKS))

@@ -31,7 +31,7 @@ from faust.types import TP
 
 from streamdedup.errors import SchemeError
 from streamdedup.fingerprinting import SCHEME as FINGERPRINT_SCHEME
-from streamdedup.pipeline.shard import Shard, ShardPlan
+from streamdedup.pipeline.shard import Plan, Shard
 from streamdedup.pipeline.wire import CHANGELOG, decode
 
 __all__ = ["ShardStore", "SCHEME", "snapshot_meta", "stale_snapshot", "load_snapshot"]
@@ -70,7 +70,7 @@ def stale_snapshot(meta: dict, changelog: str, end_offset: int | None) -> str | 
 
 
 def load_snapshot(
-    path: Path, plan: ShardPlan, changelog: str, end_offset: int | None, strings: str | None = None
+    path: Path, plan: Plan, changelog: str, end_offset: int | None, strings: str | None = None
 ) -> tuple[Shard, int] | None:
     """The shard in the snapshot at ``path`` and the changelog offset it covers, or None (with a
     warning) when the snapshot or a string file it needs is damaged or does not match the
@@ -108,7 +108,7 @@ def load_snapshot(
 class ShardStore(base.Store):
     """Configure with :meth:`configure` before the worker starts (faust builds the store)."""
 
-    plan: ShardPlan
+    plan: Plan
     data_dir: Path | None = None
     on_restored: Callable[[int, int], None] | None = None  # (partition, records) for metrics
     on_recovered: Callable[[], None] | None = None
@@ -123,7 +123,7 @@ class ShardStore(base.Store):
     @classmethod
     def configure(
         cls,
-        plan: ShardPlan,
+        plan: Plan,
         data_dir: Path | None,
         on_restored: Callable[[int, int], None] | None = None,
         on_recovered: Callable[[], None] | None = None,
@@ -269,8 +269,7 @@ class ShardStore(base.Store):
 
     async def on_recovery_completed(self, active_tps: set[TP], standby_tps: set[TP]) -> None:
         for shard in self.shards.values():
-            for group in shard._groups.values():
-                group.index.prepare()  # build lookup directories now, not on the first probe
+            shard.prepare()  # build lookup directories now, not on the first probe
         if self.on_recovered is not None:
             self.on_recovered()
 

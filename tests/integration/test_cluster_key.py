@@ -22,7 +22,7 @@ def _page(url: str, seed: int) -> dict:
 
 def _expected_key(record: dict, n: int) -> str | None:
     """The key the worker's pages stage computes (its production function), as hex."""
-    _, _, keys = fingerprint_contents([(record["content"], record["content_type"], None)], n)
+    _, _, keys, _ = fingerprint_contents([(record["content"], record["content_type"], None)], n)
     return None if keys[0] is None else to_hex(keys[0])
 
 

@@ -46,7 +46,7 @@ def planted(seed: int, n_pairs: int, n_alone: int) -> tuple[list[dict], list[tup
         for i, (url, words) in enumerate(pages)
     ]
     records.reverse()  # produced newest first: every pair arrives in reverse fetched_at order
-    fps, failed, _ = fingerprint_contents([(r["content"], r["content_type"], None) for r in records])
+    fps, failed, _, _ = fingerprint_contents([(r["content"], r["content_type"], None) for r in records])
     assert not failed
     near = [
         (records[a]["url"], records[b]["url"])

@@ -1,0 +1,135 @@
+"""The sharded index of the LSH band modes (``--algorithm minhash`` and ``combined``).
+
+The same stages as simhash (:mod:`streamdedup.pipeline.shard`): a page sends one probe per
+*band* instead of one per table group, routed by the band's key
+(:class:`~streamdedup.index.bands.BandScheme`), so two pages that agree on a band meet in the
+shard that owns the key.  The shard stores the page in that band's
+:class:`~streamdedup.index.bands.BandTable` and answers with its best earlier match whose
+canonical band this is; the answers stage keeps the best of the bands (lowest rank, then
+lowest band), as it does for the groups of simhash.  A probe row carries the page's simhash
+in ``fp`` and its band keys and sketch as the row's extra bytes (``wire`` layout ``SDB3``);
+the changelog stores the same rows.  No faust here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from streamdedup.index.arrays import GrowingArray
+from streamdedup.index.bands import BandScheme, BandTable, tags
+from streamdedup.pipeline.shard import Answers, StringHeap, partition_of, texts_from_state, texts_state
+from streamdedup.pipeline.wire import Batch
+
+__all__ = ["BandPlan", "BandStore"]
+
+_BAND_PLAN = -1  # marks a band plan in a snapshot's plan (a simhash plan starts with levels > 0)
+
+
+@dataclass(frozen=True)
+class BandPlan:
+    """Which shard partition each of a page's band probes goes to.
+
+    >>> plan = BandPlan(BandScheme(), partitions=4)
+    >>> sigs = np.arange(2 * 128, dtype=np.uint32).reshape(2, 128)
+    >>> plan.n_groups, plan.probes(np.zeros(2, np.uint64), plan.scheme.extra(sigs)).shape
+    (10, (2, 10))
+    """
+
+    scheme: BandScheme
+    partitions: int
+
+    def __post_init__(self) -> None:
+        if self.partitions < 1:
+            raise ValueError(f"partitions must be >= 1, got {self.partitions}")
+
+    @property
+    def n_groups(self) -> int:
+        return self.scheme.bands
+
+    @property
+    def extra_bytes(self) -> int:
+        return self.scheme.extra_bytes
+
+    def describe(self) -> list[int]:
+        return [self.partitions, _BAND_PLAN, *self.scheme.describe()]
+
+    def probes(self, fps: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
+        """Partition of each (page, band) probe, shape (n, bands): the owner of the band's key."""
+        if extra is None:
+            raise ValueError("band probes need the pages' band keys (extra bytes)")
+        keys, _ = self.scheme.split(extra)
+        return partition_of(keys, self.partitions)
+
+    def new_store(self, group: int, strings: str | None) -> BandStore:
+        return BandStore(self.scheme, group, strings)
+
+    def store_from_state(self, group: int, state: dict[str, np.ndarray], strings: str | None) -> BandStore:
+        store = BandStore.__new__(BandStore)
+        store.band = group
+        store.table = BandTable.from_state(
+            self.scheme, group, {k[6:]: v for k, v in state.items() if k.startswith("table.")}
+        )
+        store.fetched = GrowingArray.of(state["fetched"])
+        store.texts = texts_from_state(state, strings)
+        return store
+
+
+class BandStore:
+    """One band's pages in one shard: the band table, and what an answer tells of each stored
+    page (fetch time; id and URL in a string heap, read only for the matches reported)."""
+
+    def __init__(self, scheme: BandScheme, band: int, strings: str | None = None) -> None:
+        self.band = band
+        self.table = BandTable(scheme, band)
+        self.fetched = GrowingArray(np.int64)
+        self.texts = StringHeap(strings)  # id of row r at 2r ("" when it is the url), its url at 2r + 1
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def prepare(self) -> None:
+        self.table.prepare()
+
+    @property
+    def nbytes(self) -> int:
+        return self.table.nbytes + self.fetched.nbytes + self.texts.nbytes
+
+    def _split(self, extra: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        if extra is None:
+            raise ValueError("a band probe without its band keys")
+        keys, sketch = self.table.scheme.split(extra)
+        return keys[:, self.band], tags(keys[:, : self.band]), sketch
+
+    def probe_and_insert(
+        self, sel, fps, fetched, id_hash, ids, urls, out: Answers, insert: bool = True, extra=None
+    ) -> None:
+        """Store the batch's new pages, then answer every probe (:meth:`BandTable.judge`)."""
+        key, earlier, sketch = self._split(extra)
+
+        def store_strings(new: np.ndarray) -> None:  # first: the write that can fail (a full disk)
+            self.texts.extend([x for i in new.tolist() for x in ("" if ids[i] == urls[i] else ids[i], urls[i])])
+            self.fetched.extend(np.asarray(fetched)[new])
+
+        found = self.table.judge(key, fps, id_hash, sketch, earlier, insert, before_insert=store_strings)
+        out.stored[sel[found.new]] = True
+        hit = np.flatnonzero(found.rank >= 0)
+        p, r = sel[hit], found.row[hit]
+        out.distance[p], out.fingerprint[p] = found.rank[hit], self.table.fps.view()[r]
+        out.fetched[p], out.id_hash[p] = self.fetched.view()[r], self.table.id_hash.view()[r]
+        for i, stored in zip(p.tolist(), r.tolist()):
+            out.ids[i] = self.texts[2 * stored] or self.texts[2 * stored + 1]
+            out.urls[i] = self.texts[2 * stored + 1]
+
+    def state(self) -> dict[str, np.ndarray]:
+        out = {f"table.{k}": v for k, v in self.table.state().items()}
+        out.update({"fetched": self.fetched.view(), **texts_state(self.texts)})
+        return out
+
+    def load(self, rec: Batch) -> None:
+        """Store changelog rows as they are (recovery: no probing)."""
+        key, earlier, sketch = self._split(rec.extra)
+        self.texts.extend_raw(rec.strings, rec.lengths)  # first: the write that can fail
+        self.table.add(key, rec.fps, rec.id_hash, sketch, earlier)
+        self.fetched.extend(rec.fetched)
