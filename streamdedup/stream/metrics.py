@@ -31,6 +31,7 @@ FAUST_PREFIX = "streamdedup_faust"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 DISTANCE_BUCKETS = tuple(float(d) for d in range(0, 17))
+SIMILARITY_BUCKETS = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.98, 0.99, 1.0)
 
 
 @dataclass
@@ -41,6 +42,7 @@ class Metrics:
     verdicts: Counter
     dead_letters: Counter
     match_distance: Histogram
+    match_similarity: Histogram
     latency: Histogram
     batch_seconds: Histogram
     shard_fingerprints: Gauge
@@ -72,6 +74,12 @@ class Metrics:
                 "streamdedup_match_distance",
                 "Hamming distance (differing bits) of each near-duplicate to its match.",
                 buckets=DISTANCE_BUCKETS,
+                **r,
+            ),
+            match_similarity=Histogram(
+                "streamdedup_match_similarity",
+                "Estimated resemblance of each near-duplicate to its match (--algorithm minhash only).",
+                buckets=SIMILARITY_BUCKETS,
                 **r,
             ),
             latency=Histogram(
