@@ -3,12 +3,15 @@ string files (issue 11: everything that grows with pages).
 
     python bench/shard_memory.py                 # 1M pages, 60-character URLs
     python bench/shard_memory.py --pages 10000000 --url-length 90
+    python bench/shard_memory.py --algorithm minhash --algorithm combined   # the LSH band modes (issue 12)
 
 One shard partition holds every group (as a one-worker, one-partition cluster would), so the
 figure is per page across the whole table group.  Each mode runs in a fresh process.  Reported:
 ``Shard.nbytes`` (the arrays the shard holds: index tables, per-page columns, string offsets, and
 in-memory string bytes) and the process's peak RSS above the interpreter at start, both per
-page.  File-backed string bytes sit in the OS page cache, not in the process.
+page.  File-backed string bytes sit in the OS page cache, not in the process.  The band modes
+store a page once per LSH band (10 bands for --threshold 0.8, --num-perm 128), with its band
+key, simhash, id hash, the tags of its earlier bands' keys and (minhash) its 78-byte sketch.
 """
 
 from __future__ import annotations
@@ -23,12 +26,18 @@ import tempfile
 import numpy as np
 
 
-def run(mode: str, pages: int, url_length: int, batch: int) -> dict:
+def run(mode: str, pages: int, url_length: int, batch: int, algorithm: str = "simhash") -> dict:
+    from streamdedup.index.bands import BandScheme
     from streamdedup.index.tables import TableDesign
-    from streamdedup.pipeline.shard import Shard, ShardPlan
+    from streamdedup.pipeline.bands import BandPlan
+    from streamdedup.pipeline.shard import Plan, Shard, ShardPlan
 
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    plan = ShardPlan(TableDesign.named("16"), partitions=1)
+    plan: Plan = ShardPlan(TableDesign.named("16"), partitions=1)
+    scheme = None
+    if algorithm != "simhash":
+        scheme = BandScheme.for_threshold(0.8, 128, verify=algorithm)
+        plan = BandPlan(scheme, partitions=1)
     with tempfile.TemporaryDirectory() as tmp:
         shard = Shard(plan, None if mode == "memory" else f"{tmp}/s")
         rng = np.random.default_rng(1)
@@ -39,11 +48,22 @@ def run(mode: str, pages: int, url_length: int, batch: int) -> dict:
             urls = [f"http://example.com/{pad}/{i:010d}" for i in range(start, start + batch)]
             rep = np.repeat(np.arange(batch), plan.n_groups)
             probe_urls = [urls[i] for i in rep.tolist()]
+            extra = None
+            if scheme is not None:
+                sigs = rng.integers(0, 2**32, (batch, scheme.num_perm), dtype=np.uint32)
+                extra = scheme.extra(sigs)[rep]
             shard.probe_and_insert(
-                groups, fps[rep], np.zeros(len(rep), np.int64), fps[rep] ^ np.uint64(7), probe_urls, probe_urls
+                groups,
+                fps[rep],
+                np.zeros(len(rep), np.int64),
+                fps[rep] ^ np.uint64(7),
+                probe_urls,
+                probe_urls,
+                extra=extra,
             )
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         out = {"mode": mode, "pages": pages, "url_length": len(urls[0]), "nbytes_per_page": shard.nbytes / pages}
+        out["algorithm"] = algorithm
         out["peak_rss_per_page"] = (peak - base) / pages
         shard.close()
     return out
@@ -54,21 +74,23 @@ def main() -> None:
     ap.add_argument("--pages", type=int, default=1_000_000)
     ap.add_argument("--url-length", type=int, default=60)
     ap.add_argument("--batch", type=int, default=20_000)
+    ap.add_argument("--algorithm", action="append", choices=["simhash", "minhash", "combined"])
     ap.add_argument("--mode", choices=["memory", "files"], help=argparse.SUPPRESS)  # (one run, in a child)
     a = ap.parse_args()
+    algorithms = a.algorithm or ["simhash"]
     if a.mode:
-        print(json.dumps(run(a.mode, a.pages, a.url_length, a.batch)))
+        print(json.dumps(run(a.mode, a.pages, a.url_length, a.batch, algorithms[0])))
         return
-    print(f"{'strings':8} {'pages':>11} {'url':>4} {'Shard.nbytes/page':>18} {'peak RSS/page':>14}")
-    for mode in ("memory", "files"):
-        args = [sys.executable, __file__, "--mode", mode, "--pages", str(a.pages), "--url-length", str(a.url_length)]
-        r = json.loads(
-            subprocess.run(args + ["--batch", str(a.batch)], capture_output=True, text=True, check=True).stdout
-        )
-        print(
-            f"{mode:8} {r['pages']:>11,} {r['url_length']:>4} {r['nbytes_per_page']:>16.0f} B "
-            f"{r['peak_rss_per_page']:>12.0f} B"
-        )
+    print(f"{'algorithm':9} {'strings':8} {'pages':>11} {'url':>4} {'Shard.nbytes/page':>18} {'peak RSS/page':>14}")
+    for algorithm in algorithms:
+        for mode in ("memory", "files"):
+            args = [sys.executable, __file__, "--mode", mode, "--pages", str(a.pages)]
+            args += ["--url-length", str(a.url_length), "--algorithm", algorithm, "--batch", str(a.batch)]
+            r = json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
+            print(
+                f"{algorithm:9} {mode:8} {r['pages']:>11,} {r['url_length']:>4} {r['nbytes_per_page']:>16.0f} B "
+                f"{r['peak_rss_per_page']:>12.0f} B"
+            )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from streamdedup.pipeline.bands import BandPlan
 from streamdedup.pipeline.shard import Shard
 from streamdedup.pipeline.wire import CHANGELOG, Batch, decode, encode
 
-SCHEMES = {v: BandScheme.for_threshold(0.8, 128, verify=v, k=3) for v in ("minhash", "simhash")}
+SCHEMES = {v: BandScheme.for_threshold(0.8, 128, verify=v, k=3) for v in ("minhash", "combined")}
 
 
 def hash_id(x: str) -> int:
@@ -34,6 +34,7 @@ def test_band_keys_and_sketches_are_pinned():
     keys2, sketch2 = s.split(s.extra(sig))
     assert (keys2 == keys).all() and (sketch2 == s.sketches(sig)).all()
     assert BandPlan(s, 8).describe() == [8, -1, 128, 10, 5, 800000, 0, 3]
+    assert BandPlan(SCHEMES["combined"], 8).describe() == [8, -1, 128, 10, 5, 800000, 1, 3]
 
 
 def test_for_threshold_makes_the_threshold_a_candidate_at_least_98_percent_of_the_time():
@@ -96,7 +97,7 @@ def sharded(plan: BandPlan, sigs, fps, ids, orders, batch: int):
     return best, shards
 
 
-@pytest.mark.parametrize("verify", ["minhash", "simhash"])
+@pytest.mark.parametrize("verify", ["minhash", "combined"])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), partitions=st.sampled_from([1, 2, 5]), batch=st.sampled_from([1, 6, 64]))
 def test_of_every_candidate_pair_exactly_one_page_finds_the_other(verify, seed, partitions, batch):
@@ -151,7 +152,7 @@ def test_checks_answer_without_storing():
 def test_a_snapshot_and_a_changelog_replay_rebuild_the_same_shard(tmp_path, algorithm):
     """What recovery does: a shard restored from its changelog rows, or loaded from its
     snapshot, answers a later probe exactly as the shard that stored the pages."""
-    scheme = SCHEMES["minhash" if algorithm == "minhash" else "simhash"]
+    scheme = SCHEMES[algorithm]
     plan = BandPlan(scheme, 1)
     rng = np.random.default_rng(5)
     sigs, fps = twins(rng, scheme, 30)
@@ -204,3 +205,27 @@ def test_scan_finds_a_near_duplicate_in_every_band_mode_and_reports_what_it_meas
             assert v[1].similarity is not None and 0.9 <= v[1].similarity <= 1.0
         else:
             assert v[1].similarity is None and v[1].distance is not None and v[1].distance <= 3
+
+
+def test_lookups_through_the_sorted_runs_equal_a_scan_of_every_key():
+    """40,000 rows added in uneven batches (the tail sorted into mid, mid merged into base):
+    every lookup finds exactly the rows with the probe's key, and the keys come back in row order."""
+    scheme = SCHEMES["combined"]
+    rng = np.random.default_rng(9)
+    table = BandTable(scheme, 2)
+    keys = rng.integers(0, 3000, 40_000).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    at = 0
+    while at < len(keys):
+        n = int(rng.integers(1, 7000))
+        chunk = keys[at : at + n]
+        table.add(
+            chunk, chunk, chunk, np.zeros((len(chunk), scheme.sketch), np.uint8), np.zeros((len(chunk), 2), np.uint32)
+        )
+        at += len(chunk)
+        probes = keys[rng.integers(0, at, 50)]
+        q, row = table.lookup(probes)
+        got = sorted(zip(q.tolist(), row.tolist()))
+        want = sorted((i, r) for i, k in enumerate(probes.tolist()) for r in np.flatnonzero(keys[:at] == k).tolist())
+        assert got == want
+    assert (table.keys() == keys).all()
+    assert len(table) == len(keys)

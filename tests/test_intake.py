@@ -27,7 +27,6 @@ from streamdedup.pipeline.shard import Shard, ShardPlan, shard_step
 from streamdedup.pipeline.wire import ANSWERS, PROBES, Batch, decode, encode
 
 PLAN = ShardPlan(TableDesign.named("16"), partitions=5)
-BAND_VERIFY = {"minhash": "minhash", "combined": "simhash"}  # what verifies the LSH candidates
 MAX = 2000
 
 
@@ -223,7 +222,7 @@ class Pipeline:
         self, records: dict[int, list[Record]], workers: int = 1, fps: dict | None = None, algorithm: str = "simhash"
     ) -> None:
         self.records, self.fps = records, fps
-        self.bands = None if algorithm == "simhash" else BandScheme.for_threshold(0.8, 128, BAND_VERIFY[algorithm])
+        self.bands = None if algorithm == "simhash" else BandScheme.for_threshold(0.8, 128, algorithm)
         self.plan = PLAN if self.bands is None else BandPlan(self.bands, PLAN.partitions)
         self.owner = {p: p % workers for p in records}
         self.pending = [self.new_pending() for _ in range(workers)]

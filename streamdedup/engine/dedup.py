@@ -104,7 +104,7 @@ class Deduplicator:
         self._masks = group_masks(self._index.design) if self._index is not None else None
         self.bands: BandScheme | None = None
         if algorithm != "simhash":
-            verify = "minhash" if algorithm == "minhash" else "simhash"
+            verify = algorithm
             self.bands = BandScheme.for_threshold(threshold, num_perm, verify=verify, k=k)
         n_bands = 0 if self.bands is None else self.bands.bands
         self._tables = [BandTable(self.bands, j) for j in range(n_bands)] if self.bands is not None else []

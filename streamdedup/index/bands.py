@@ -17,14 +17,15 @@ no earlier band agrees: then, for every candidate pair, exactly one of the two i
 whatever the arrival order and the partitions (up to a 32-bit tag collision on a band whose
 keys differ, about 2**-32 per earlier band).
 
-**Verification.**  ``minhash``: the candidate's *sketch*, the low 8 bits of the signature
-values outside the bands (b-bit minwise hashing, Li & Koenig 2010), is compared with the
-page's; ``c`` equal values of ``m`` estimate the resemblance as ``(c/m - 2**-8) / (1 - 2**-8)``.
-The band positions are left out of the sketch: candidates agree on a whole band by
-construction, which would bias the estimate up.  ``simhash`` (the *combined* method): the
-candidate's 64-bit simhash must be within ``k`` bits.  A candidate's *rank* is what the match
-minimises: ``m - c`` or the Hamming distance, an integer in both cases, so ``scan`` and the
-worker order candidates identically.
+**Verification.**  The candidate's *sketch*, the low 8 bits of the signature values outside
+the bands (b-bit minwise hashing, Li & Koenig 2010), is compared with the page's; ``c`` equal
+values of ``m`` estimate the resemblance as ``(c/m - 2**-8) / (1 - 2**-8)``, which must reach
+the threshold.  The band positions are left out of the sketch: candidates agree on a whole
+band by construction, which would bias the estimate up.  ``verify="combined"`` (Henzinger
+2006: shingle candidates filtered by simhash) also needs the two 64-bit simhashes within ``k``
+bits.  A candidate's *rank* is what the match minimises: ``m - c`` (minhash) or the Hamming
+distance (combined), an integer in both cases, so ``scan`` and the worker order candidates
+identically.
 
 >>> s = BandScheme.for_threshold(0.8, num_perm=128)
 >>> (s.bands, s.rows, s.sketch), s.min_matches, round(s.similarity(s.min_matches), 3)
@@ -46,12 +47,13 @@ from streamdedup.index.lsh import _Run, s_curve
 
 __all__ = ["VERIFIERS", "BandScheme", "BandTable", "BandMatches"]
 
-VERIFIERS = ("minhash", "simhash")
+VERIFIERS = ("minhash", "combined")
 _U64 = np.uint64
 _BAND_SALT = np.uint64(0xBA9D_5A17_0F15_EED5)
 _MUL = np.uint64(0x9E3779B97F4A7C15)
 _SKETCH_BITS = 8
-_TAIL_MAX = 4096  # unsorted rows scanned directly before they are sorted into the run
+_TAIL_MAX = 4096  # unsorted rows scanned directly before they are sorted into mid
+_MID_MIN = 16384  # rows mid may hold before it is merged into base, at least
 #: Recall a pair of resemblance exactly ``threshold`` must have of becoming a candidate.
 _MIN_CANDIDATE_RECALL = 0.98
 
@@ -68,8 +70,8 @@ class BandScheme:
     bands: int = 10
     rows: int = 5
     threshold: float = 0.8
-    verify: str = "minhash"  # or "simhash" (the combined method)
-    k: int = 3  # verify="simhash": the largest Hamming distance kept
+    verify: str = "minhash"  # or "combined": the simhash filter too
+    k: int = 3  # verify="combined": the largest Hamming distance kept
     sketch: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -92,7 +94,7 @@ class BandScheme:
         >>> s = BandScheme.for_threshold(0.9); s.bands, s.rows
         (7, 8)
         """
-        budget = max(2, num_perm // 2)
+        budget = max(2, min(64, num_perm // 2))
         best: tuple[int, int] | None = None
         for r in range(1, budget + 1):
             p = threshold**r
@@ -118,7 +120,7 @@ class BandScheme:
         return float(est) if est.ndim == 0 else est
 
     def similarity_of_rank(self, rank: int) -> float | None:
-        """The estimated resemblance a match's rank stands for (None for the simhash verifier)."""
+        """The estimated resemblance a match's rank stands for (None when the rank is a distance)."""
         return None if self.verify != "minhash" else round(float(self.similarity(self.sketch - rank)), 4)
 
     def keys(self, signatures: np.ndarray) -> np.ndarray:
@@ -139,25 +141,23 @@ class BandScheme:
         return (sigs[:, self.bands * self.rows :] & np.uint32(0xFF)).astype(np.uint8)
 
     def extra(self, signatures: np.ndarray) -> np.ndarray:
-        """What a probe carries besides the simhash: the band keys, then (minhash) the sketch,
-        as (n, extra_bytes) uint8 rows (see :meth:`split`)."""
+        """What a probe carries besides the simhash: the band keys, then the sketch, as
+        (n, extra_bytes) uint8 rows (see :meth:`split`)."""
         keys = self.keys(signatures)
-        parts = [keys.astype("<u8").view(np.uint8).reshape(len(keys), -1)]
-        if self.verify == "minhash":
-            parts.append(self.sketches(signatures))
+        parts = [keys.astype("<u8").view(np.uint8).reshape(len(keys), -1), self.sketches(signatures)]
         return np.ascontiguousarray(np.concatenate(parts, axis=1))
 
     @property
     def extra_bytes(self) -> int:
-        return 8 * self.bands + (self.sketch if self.verify == "minhash" else 0)
+        return 8 * self.bands + self.sketch
 
-    def split(self, extra: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """The band keys (n, bands) and the sketch (n, sketch) or None, from :meth:`extra` rows."""
+    def split(self, extra: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The band keys (n, bands) and the sketches (n, sketch), from :meth:`extra` rows."""
         extra = np.asarray(extra, dtype=np.uint8)
         if extra.ndim != 2 or extra.shape[1] != self.extra_bytes:
             raise ValueError(f"band rows must carry {self.extra_bytes} extra bytes, got shape {extra.shape}")
         keys = np.ascontiguousarray(extra[:, : 8 * self.bands]).view("<u8").astype(_U64)
-        sketch = np.ascontiguousarray(extra[:, 8 * self.bands :]) if self.verify == "minhash" else None
+        sketch = np.ascontiguousarray(extra[:, 8 * self.bands :])
         return keys.reshape(len(extra), self.bands), sketch
 
     def describe(self) -> list[int]:
@@ -188,43 +188,50 @@ class BandMatches:
 
 class BandTable:
     """The pages stored in one band (of one shard): their band keys, simhash, id hash, the tags
-    of their earlier bands' keys and (minhash) their sketch.  Rows are numbered in store order.
+    of their earlier bands' keys and their sketch.  Rows are numbered in store order.
 
-    Keys are found through a sorted run plus an unsorted tail (:class:`~streamdedup.index.lsh._Run`).
+    Keys are found as in :class:`~streamdedup.index.lsh.LSHIndex`: sorted runs (``base``, and
+    ``mid`` for recent rows, merged into base past 16 * sqrt(base) rows: O(sqrt n) key moves per
+    insert, amortised) plus an unsorted tail of the newest keys.  The runs are the only copy of
+    the keys.
     """
 
     def __init__(self, scheme: BandScheme, band: int) -> None:
         if not 0 <= band < scheme.bands:
             raise ValueError(f"band {band} is not one of the scheme's {scheme.bands}")
         self.scheme, self.band = scheme, band
-        self.keys, self.fps, self.id_hash = GrowingArray(_U64), GrowingArray(_U64), GrowingArray(_U64)
+        self.fps, self.id_hash = GrowingArray(_U64), GrowingArray(_U64)
         self.tags = GrowingArray(np.uint32, (band,))
-        self.sketch = GrowingArray(np.uint8, (scheme.sketch,)) if scheme.verify == "minhash" else None
-        self._run, self._sorted = _Run.empty(), 0  # rows [0, _sorted) are in the run
+        self.sketch = GrowingArray(np.uint8, (scheme.sketch,))
+        self._base, self._mid = _Run.empty(), _Run.empty()
+        self._tail = GrowingArray(_U64)  # the keys of the newest rows, unsorted
 
     def __len__(self) -> int:
-        return len(self.keys)
+        return len(self.fps)
 
     @property
     def nbytes(self) -> int:
-        cols = [self.keys, self.fps, self.id_hash, self.tags] + ([self.sketch] if self.sketch is not None else [])
-        return sum(c.nbytes for c in cols) + self._run.nbytes
+        cols = [self.fps, self.id_hash, self.tags, self.sketch, self._tail]
+        return sum(c.nbytes for c in cols) + self._base.nbytes + self._mid.nbytes
+
+    def keys(self) -> np.ndarray:
+        """Every row's key, in row order (a new array)."""
+        out = np.empty(len(self), dtype=_U64)
+        for run in (self._base, self._mid):
+            out[run.rows] = run.keys
+        out[len(self) - len(self._tail) :] = self._tail.view()
+        return out
 
     def state(self) -> dict[str, np.ndarray]:
-        out = {
-            "keys": self.keys.view(),
-            "fps": self.fps.view(),
-            "id_hash": self.id_hash.view(),
-            "tags": self.tags.view(),
-        }
-        if self.sketch is not None:
-            out["sketch"] = self.sketch.view()
+        out = {"keys": self.keys(), "fps": self.fps.view(), "id_hash": self.id_hash.view(), "tags": self.tags.view()}
+        out["sketch"] = self.sketch.view()
         return out
 
     @classmethod
     def from_state(cls, scheme: BandScheme, band: int, state: dict[str, np.ndarray]) -> BandTable:
         table = cls(scheme, band)
-        table.add(state["keys"], state["fps"], state["id_hash"], state.get("sketch"), state["tags"])
+        table.add(state["keys"], state["fps"], state["id_hash"], state["sketch"], state["tags"])
+        table.prepare()
         return table
 
     def add(
@@ -232,54 +239,58 @@ class BandTable:
         keys: np.ndarray,
         fps: np.ndarray,
         id_hash: np.ndarray,
-        sketch: np.ndarray | None,
+        sketch: np.ndarray,
         earlier: np.ndarray,
     ) -> None:
         """Append rows: this band's keys, and ``earlier`` (n, band) tags of the bands before it."""
-        self.keys.extend(np.asarray(keys, dtype=_U64))
+        if len(self) + len(keys) >= 2**31:
+            raise ValueError("a band table holds fewer than 2**31 rows; use more shard partitions")
         self.fps.extend(np.asarray(fps, dtype=_U64))
         self.id_hash.extend(np.asarray(id_hash, dtype=_U64))
         self.tags.extend(np.asarray(earlier, dtype=np.uint32).reshape(len(keys), self.band))
-        if self.sketch is not None:
-            if sketch is None:
-                raise ValueError("a minhash band table needs the rows' sketches")
-            self.sketch.extend(sketch)
-        if len(self.keys) - self._sorted > _TAIL_MAX:
+        self.sketch.extend(np.asarray(sketch, dtype=np.uint8).reshape(len(keys), self.scheme.sketch))
+        self._tail.extend(np.asarray(keys, dtype=_U64))
+        if len(self._tail) > _TAIL_MAX:
             self._fold()
 
     def prepare(self) -> None:
-        """Sort every row into the run (after recovery: the first probes need not sort the tail)."""
-        if len(self.keys) > self._sorted:
+        """Sort every row into the runs (after recovery: the first probes need not sort the tail)."""
+        if len(self._tail):
             self._fold()
 
     def _fold(self) -> None:
-        keys = self.keys.view()[self._sorted :]
-        order = np.argsort(keys, kind="stable")
-        self._run = self._run.merged(keys[order], (self._sorted + order).astype(np.int32))
-        self._sorted = len(self.keys)
+        tail = self._tail.view()
+        order = np.argsort(tail, kind="stable")
+        start = len(self) - len(tail)
+        self._mid = self._mid.merged(tail[order], (start + order).astype(np.int32))
+        self._tail = GrowingArray(_U64)
+        if len(self._mid) > max(_MID_MIN, 16 * math.isqrt(len(self._base))):
+            self._base, self._mid = self._base.merged(self._mid.keys, self._mid.rows), _Run.empty()
 
     def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(probe, row) for every stored row whose key equals a probe's."""
         keys = np.asarray(keys, dtype=_U64)
-        q, row = self._run.lookup(keys)
-        tail = self.keys.view()[self._sorted :]
+        qs, rows = [], []
+        for run in (self._base, self._mid):
+            q, row = run.lookup(keys)
+            qs.append(q)
+            rows.append(row)
+        tail = self._tail.view()
         if len(tail) and len(keys):
             order = np.argsort(tail, kind="stable")
             lo = np.searchsorted(tail[order], keys, "left")
-            hi = np.searchsorted(tail[order], keys, "right")
-            cnt = hi - lo
-            tq = np.repeat(np.arange(len(keys)), cnt)
+            cnt = np.searchsorted(tail[order], keys, "right") - lo
+            qs.append(np.repeat(np.arange(len(keys)), cnt))
             pos = np.arange(int(cnt.sum())) + np.repeat(lo - (np.cumsum(cnt) - cnt), cnt)
-            q = np.concatenate((q, tq))
-            row = np.concatenate((row, self._sorted + order[pos]))
-        return q.astype(np.int64), row.astype(np.int64)
+            rows.append(len(self) - len(tail) + order[pos])
+        return np.concatenate(qs).astype(np.int64), np.concatenate(rows).astype(np.int64)
 
     def judge(
         self,
         keys: np.ndarray,
         fps: np.ndarray,
         id_hash: np.ndarray,
-        sketch: np.ndarray | None,
+        sketch: np.ndarray,
         earlier: np.ndarray,
         insert: bool = True,
         before_insert: Callable[[np.ndarray], object] | None = None,
@@ -294,7 +305,7 @@ class BandTable:
         """
         keys, fps, id_hash = (np.asarray(a, dtype=_U64) for a in (keys, fps, id_hash))
         earlier = np.asarray(earlier, dtype=np.uint32).reshape(len(keys), self.band)
-        n, start = len(keys), len(self.keys)
+        n, start = len(keys), len(self)
         q, row = self.lookup(keys)
         pos = np.full(n, start, dtype=np.int64)
         same = (self.id_hash.view()[row] == id_hash[q]) & (self.fps.view()[row] == fps[q])
@@ -318,7 +329,7 @@ class BandTable:
                     keys[new_idx],
                     fps[new_idx],
                     id_hash[new_idx],
-                    None if sketch is None else np.asarray(sketch)[new_idx],
+                    np.asarray(sketch)[new_idx],
                     earlier[new_idx],
                 )
                 q, row = self.lookup(keys)  # now with the batch's own new pages
@@ -327,14 +338,13 @@ class BandTable:
         if self.band:
             keep &= (self.tags.view()[row] != earlier[q]).all(axis=1)
         q, row = q[keep], row[keep]
+        matches = np.count_nonzero(self.sketch.view()[row] == np.asarray(sketch)[q], axis=1)
+        keep = matches >= self.scheme.min_matches
         if self.scheme.verify == "minhash":
-            assert self.sketch is not None and sketch is not None  # a minhash table, a minhash probe
-            matches = np.count_nonzero(self.sketch.view()[row] == np.asarray(sketch)[q], axis=1)
             rank = self.scheme.sketch - matches
-            keep = matches >= self.scheme.min_matches
-        else:
+        else:  # combined: the simhash filter too, and the nearest simhash is the match
             rank = hamming_many(self.fps.view()[row], fps[q])
-            keep = rank <= self.scheme.k
+            keep &= rank <= self.scheme.k
         q, row, rank = q[keep], row[keep], np.asarray(rank, dtype=np.int64)[keep]
         out = BandMatches(np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64), new)
         if len(q):

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from streamdedup.index.arrays import GrowingArray
 from streamdedup.index.bands import BandScheme, BandTable, tags
 from streamdedup.pipeline.shard import Answers, StringHeap, partition_of, texts_from_state, texts_state
 from streamdedup.pipeline.wire import Batch
@@ -71,19 +70,19 @@ class BandPlan:
         store.table = BandTable.from_state(
             self.scheme, group, {k[6:]: v for k, v in state.items() if k.startswith("table.")}
         )
-        store.fetched = GrowingArray.of(state["fetched"])
         store.texts = texts_from_state(state, strings)
         return store
 
 
 class BandStore:
     """One band's pages in one shard: the band table, and what an answer tells of each stored
-    page (fetch time; id and URL in a string heap, read only for the matches reported)."""
+    page (its id and URL, in a string heap, read only for the matches reported).  The match's
+    fetch time is not kept (no output carries it; the order is the store order): an answer's
+    ``fetched`` is 0."""
 
     def __init__(self, scheme: BandScheme, band: int, strings: str | None = None) -> None:
         self.band = band
         self.table = BandTable(scheme, band)
-        self.fetched = GrowingArray(np.int64)
         self.texts = StringHeap(strings)  # id of row r at 2r ("" when it is the url), its url at 2r + 1
 
     def __len__(self) -> int:
@@ -94,9 +93,9 @@ class BandStore:
 
     @property
     def nbytes(self) -> int:
-        return self.table.nbytes + self.fetched.nbytes + self.texts.nbytes
+        return self.table.nbytes + self.texts.nbytes
 
-    def _split(self, extra: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    def _split(self, extra: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if extra is None:
             raise ValueError("a band probe without its band keys")
         keys, sketch = self.table.scheme.split(extra)
@@ -110,21 +109,20 @@ class BandStore:
 
         def store_strings(new: np.ndarray) -> None:  # first: the write that can fail (a full disk)
             self.texts.extend([x for i in new.tolist() for x in ("" if ids[i] == urls[i] else ids[i], urls[i])])
-            self.fetched.extend(np.asarray(fetched)[new])
 
         found = self.table.judge(key, fps, id_hash, sketch, earlier, insert, before_insert=store_strings)
         out.stored[sel[found.new]] = True
         hit = np.flatnonzero(found.rank >= 0)
         p, r = sel[hit], found.row[hit]
         out.distance[p], out.fingerprint[p] = found.rank[hit], self.table.fps.view()[r]
-        out.fetched[p], out.id_hash[p] = self.fetched.view()[r], self.table.id_hash.view()[r]
+        out.id_hash[p] = self.table.id_hash.view()[r]
         for i, stored in zip(p.tolist(), r.tolist()):
             out.ids[i] = self.texts[2 * stored] or self.texts[2 * stored + 1]
             out.urls[i] = self.texts[2 * stored + 1]
 
     def state(self) -> dict[str, np.ndarray]:
         out = {f"table.{k}": v for k, v in self.table.state().items()}
-        out.update({"fetched": self.fetched.view(), **texts_state(self.texts)})
+        out.update(texts_state(self.texts))
         return out
 
     def load(self, rec: Batch) -> None:
@@ -132,4 +130,3 @@ class BandStore:
         key, earlier, sketch = self._split(rec.extra)
         self.texts.extend_raw(rec.strings, rec.lengths)  # first: the write that can fail
         self.table.add(key, rec.fps, rec.id_hash, sketch, earlier)
-        self.fetched.extend(rec.fetched)

@@ -31,7 +31,16 @@ from streamdedup.engine.records import MAX_ID_BYTES, MAX_URL_BYTES
 from streamdedup.fingerprinting.simhash import to_hex
 from streamdedup.pipeline.pending import Waiting
 
-__all__ = ["match_distance", "HEADER_PREFIX", "TRUNCATED_BYTES", "OUTPUT_OVERHEAD_BYTES", "Topics", "Output", "outputs", "verdict_record"]
+__all__ = [
+    "match_distance",
+    "HEADER_PREFIX",
+    "TRUNCATED_BYTES",
+    "OUTPUT_OVERHEAD_BYTES",
+    "Topics",
+    "Output",
+    "outputs",
+    "verdict_record",
+]
 
 HEADER_PREFIX = "streamdedup-"
 #: How much of a refused dead letter's value is kept (shrink level 1).

@@ -80,8 +80,7 @@ def band_scheme(settings: Settings) -> BandScheme | None:
     """The LSH bands of ``--algorithm minhash`` / ``combined`` (None: simhash)."""
     if settings.algorithm == "simhash":
         return None
-    verify = "minhash" if settings.algorithm == "minhash" else "simhash"
-    return BandScheme.for_threshold(settings.threshold, settings.num_perm, verify=verify, k=settings.k)
+    return BandScheme.for_threshold(settings.threshold, settings.num_perm, verify=settings.algorithm, k=settings.k)
 
 
 @dataclass

@@ -49,9 +49,11 @@ def planted(seed: int, n_pairs: int, n_alone: int, prefix: str = "") -> tuple[li
     return records, pairs
 
 
-def scan_verdicts(records: list[dict], algorithm: str) -> dict[str, tuple]:
+def scan_verdicts(records: list[dict], algorithm: str, k: int) -> dict[str, tuple]:
     pages = [page_from_json(json.dumps(r).encode()) for r in records]
-    got = Deduplicator(algorithm).process([p.id for p in pages], [p.url for p in pages], [page_text(p) for p in pages])
+    got = Deduplicator(algorithm, k=k).process(
+        [p.id for p in pages], [p.url for p in pages], [page_text(p) for p in pages]
+    )
     return {v.id: (v.verdict, v.match_id, v.distance, v.to_dict().get("similarity")) for v in got}
 
 
@@ -85,16 +87,18 @@ def split(records: list[dict], pairs: list[tuple[str, str]], n: int = 4) -> list
     return partitions
 
 
-@pytest.mark.parametrize("algorithm", ["minhash", "combined"])
-def test_one_partition_gives_scans_verdicts(kafka, tmp_path, algorithm):
+@pytest.mark.parametrize("algorithm, k", [("minhash", 3), ("combined", 10)])
+def test_one_partition_gives_scans_verdicts(kafka, tmp_path, algorithm, k):
+    """(combined at k = 10, as the README advises: the simhash filter at 3 bits would drop some
+    one-word edits, and the test's pairs would not all be near-duplicates.)"""
     records, pairs = planted(seed=31, n_pairs=20, n_alone=10)
     topics = StreamTopics.fresh(kafka, partitions=1)
-    with WorkerProcess(kafka, topics, tmp_path, env={"STREAMDEDUP_ALGORITHM": algorithm}):
+    with WorkerProcess(kafka, topics, tmp_path, env={"STREAMDEDUP_ALGORITHM": algorithm, "STREAMDEDUP_K": str(k)}):
         produce(kafka, topics.pages, records)
         out = wait_for_verdicts(kafka, topics, len(records), timeout=120)
     judged = judged_once(out, records)
     exactly_one_of_each_pair(judged, pairs)
-    assert judged == scan_verdicts(records, algorithm)
+    assert judged == scan_verdicts(records, algorithm, k)
     assert len(out["near"]) == len(pairs)
     for m in out["near"]:  # the minhash mode says how similar; both say how far apart the simhashes are
         headers = dict(m.headers)
