@@ -11,6 +11,8 @@ bench/README.md ("Stream worker") for what every figure means.
 3. rec_*: a synthetic shard changelog replayed by a new worker, then a restart from its snapshots
    (goal >= 500,000 fingerprints/s).
 4. two_*: the backlog of (1) through 2 workers.  The broker and the workers share the cores.
+5. alg_*: (``--only algorithms``) the backlog of (1) for 1 worker of each --algorithm (simhash,
+   minhash, combined --k 10), in the same run; alg_minhash_vs_simhash is the issue-12 goal (>= 0.7).
 
 The broker (tests/kafka_broker.py) is started here and stopped at the end, also on Ctrl-C.
 """
@@ -90,14 +92,16 @@ async def fresh_app(kafka, partitions: int) -> tuple[StreamTopics, Settings]:
     return topics, settings
 
 
-def new_worker(kafka, topics: StreamTopics, workdir: Path, name: str = "w") -> WorkerProcess:
-    WORKERS.append(WorkerProcess(kafka, topics, workdir / topics.app_id, name=name))
+def new_worker(kafka, topics: StreamTopics, workdir: Path, name: str = "w", env: dict | None = None) -> WorkerProcess:
+    WORKERS.append(WorkerProcess(kafka, topics, workdir / topics.app_id, name=name, env=env))
     return WORKERS[-1]
 
 
-async def start_workers(kafka, topics: StreamTopics, workdir: Path, n: int) -> list[WorkerProcess]:
+async def start_workers(
+    kafka, topics: StreamTopics, workdir: Path, n: int, env: dict | None = None
+) -> list[WorkerProcess]:
     """Start n workers at once; wait until all are Ready and the group has not changed for 2 s."""
-    ws = [new_worker(kafka, topics, workdir, f"w{i}") for i in range(n)]
+    ws = [new_worker(kafka, topics, workdir, f"w{i}", env) for i in range(n)]
     await asyncio.gather(*(asyncio.to_thread(w.start, 120) for w in ws))
     while (
         not all(log_times(w, SETTLED) for w in ws)
@@ -198,14 +202,14 @@ def scan_rate(records: list[dict]) -> tuple[float, float, dict]:
     return rate, cpu, {v["id"]: v["verdict"] for v in map(json.loads, out.getvalue().splitlines())}
 
 
-async def backlog(kafka, args, records: list[dict], n_workers: int) -> tuple[dict, dict]:
+async def backlog(kafka, args, records: list[dict], n_workers: int, env: dict | None = None) -> tuple[dict, dict]:
     """n workers on a backlog of records.  They are paused (SIGSTOP) once the group has settled, the
     records are produced, and they are resumed: the backlog is there at once, as if produced before
     they started, and no worker starts alone (the broker's first generation does not wait for a second
     member, which joins ~3 s later, at the first one's next heartbeat)."""
     topics, _ = await fresh_app(kafka, args.partitions)
     async with Verdicts(kafka, topics.verdicts) as got:
-        ws = await start_workers(kafka, topics, args.workdir, n_workers)
+        ws = await start_workers(kafka, topics, args.workdir, n_workers, env)
         for w in ws:
             w.proc.send_signal(signal.SIGSTOP)
         try:
@@ -393,6 +397,17 @@ async def one_run(kafka, args, records: list[dict]) -> dict:
         add("lat", await latency(kafka, args, records, args.latency_rate or out["tput_per_s"] / 2))
     if "recovery" in args.only:
         add("rec", await recovery(kafka, args))
+    if "algorithms" in args.only:
+        for algorithm, k in (("simhash", 3), ("minhash", 3), ("combined", 10)):
+            env = {"STREAMDEDUP_ALGORITHM": algorithm, "STREAMDEDUP_K": str(k)}
+            r, verdicts = await backlog(kafka, args, records, 1, env)
+            out[f"alg_{algorithm}_per_s"], out[f"alg_{algorithm}_steady_per_s"] = r["per_s"], r["steady_per_s"]
+            out[f"alg_{algorithm}_cpu_ms_per_page"] = r["cpu_ms_per_page"]
+            out[f"alg_{algorithm}_near_duplicates"] = sum(v == "near_duplicate" for v in verdicts.values())
+        for algorithm in ("minhash", "combined"):
+            out[f"alg_{algorithm}_vs_simhash"] = out[f"alg_{algorithm}_per_s"] / out["alg_simhash_per_s"]
+            cpu = out["alg_simhash_cpu_ms_per_page"] / out[f"alg_{algorithm}_cpu_ms_per_page"]
+            out[f"alg_{algorithm}_cpu_vs_simhash"] = cpu
     if "scaling" in args.only:
         add("two", (await backlog(kafka, args, records, 2))[0])
         out["two_vs_one"] = out["two_per_s"] / out["tput_per_s"]
@@ -410,7 +425,9 @@ def main() -> None:
     p.add_argument("--latency-rate", type=float, help="pages/s for the latency test (default: half of tput_per_s)")
     p.add_argument("--recovery-pages", type=int, default=500_000)
     p.add_argument("--rows-per-record", type=int, default=250, help="changelog rows per Kafka record")
-    p.add_argument("--only", default="throughput,latency,recovery,scaling", help="comma-separated tests")
+    p.add_argument(
+        "--only", default="throughput,latency,recovery,scaling", help="comma-separated tests (also: algorithms)"
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the verdicts of a test")
     p.add_argument("--workdir", type=Path, help="worker logs and data, kept (default: a temporary dir, removed)")
     args = p.parse_args()

@@ -209,7 +209,8 @@ class Settings:
     k: int = _f(
         "--k",
         3,
-        "simhash: pages within k bits are near-duplicates.",
+        "simhash: pages within k bits are near-duplicates; combined: the simhash filter on the LSH "
+        "candidates (8-10 advised).",
         _int(0, 16, "use a small number of bits such as 3"),
         "INT",
     )

@@ -28,13 +28,14 @@ def test_band_keys_and_sketches_are_pinned():
     s = SCHEMES["minhash"]
     sig = np.arange(128, dtype=np.uint32)[None, :] * np.uint32(2654435761)
     keys = s.keys(sig)
-    assert (s.bands, s.rows, s.sketch, s.min_matches) == (10, 5, 78, 63)
+    assert (s.bands, s.rows, s.sketch, s.sketch_bytes, s.min_matches) == (10, 5, 78, 39, 64)
     assert [f"{int(k):016x}" for k in keys[0, :3]] == ["fbb1d8406f5b6dc7", "14213ac3dd01521b", "58be0fc5c541bdbf"]
-    assert s.sketches(sig)[0, :4].tolist() == [(v * 2654435761 % 2**32) & 0xFF for v in range(50, 54)]
+    low4 = [(v * 2654435761 % 2**32) & 0xF for v in range(50, 58)]  # the values after the 50 banded ones
+    assert s.sketches(sig)[0, :4].tolist() == [low4[i] | low4[i + 1] << 4 for i in range(0, 8, 2)]
     keys2, sketch2 = s.split(s.extra(sig))
     assert (keys2 == keys).all() and (sketch2 == s.sketches(sig)).all()
-    assert BandPlan(s, 8).describe() == [8, -1, 128, 10, 5, 800000, 0, 3]
-    assert BandPlan(SCHEMES["combined"], 8).describe() == [8, -1, 128, 10, 5, 800000, 1, 3]
+    assert BandPlan(s, 8).describe() == [8, -1, 128, 10, 5, 800000, 0, 3, 4]
+    assert BandPlan(SCHEMES["combined"], 8).describe() == [8, -1, 128, 10, 5, 800000, 1, 3, 4]
 
 
 def test_for_threshold_makes_the_threshold_a_candidate_at_least_98_percent_of_the_time():
@@ -62,7 +63,7 @@ def twins(rng: np.random.Generator, scheme: BandScheme, n_pairs: int):
         for j in np.flatnonzero(~same):
             b[j * scheme.rows + rng.integers(scheme.rows)] ^= np.uint32(1 + rng.integers(2**31))
         for i in rng.choice(m, size=int(rng.integers(0, m - scheme.min_matches + 1)), replace=False):
-            b[start + i] ^= np.uint32(1 + rng.integers(255))  # a different low byte
+            b[start + i] ^= np.uint32(1 + rng.integers(15))  # a different low nibble
         fa = int(rng.integers(0, 2**63))
         fb = fa
         for bit in rng.choice(64, size=int(rng.integers(0, scheme.k + 1)), replace=False):
@@ -219,7 +220,11 @@ def test_lookups_through_the_sorted_runs_equal_a_scan_of_every_key():
         n = int(rng.integers(1, 7000))
         chunk = keys[at : at + n]
         table.add(
-            chunk, chunk, chunk, np.zeros((len(chunk), scheme.sketch), np.uint8), np.zeros((len(chunk), 2), np.uint32)
+            chunk,
+            chunk,
+            chunk,
+            np.zeros((len(chunk), scheme.sketch_bytes), np.uint8),
+            np.zeros((len(chunk), 2), np.uint32),
         )
         at += len(chunk)
         probes = keys[rng.integers(0, at, 50)]
