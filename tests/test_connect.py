@@ -17,8 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from streamdedup.crawler.client import connect
-CONNECT_TIMEOUT, PROBE_SILENCE = 30.0, 5.0
+from streamdedup.crawler.client import CONNECT_TIMEOUT, PROBE_SILENCE, connect
 from streamdedup.errors import ClientError
 from streamdedup.settings import Settings
 
