@@ -12,6 +12,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,9 +25,29 @@ from streamdedup.settings import Settings
 
 @contextmanager
 def silent_port() -> Iterator[str]:
-    """A TCP port that accepts connections (the kernel's backlog does) and never says anything."""
-    with socket.create_server(("127.0.0.1", 0), backlog=16) as server:
-        yield f"127.0.0.1:{server.getsockname()[1]}"
+    """A TCP server that accepts every connection and never says anything (nor hangs up)."""
+    accepted: list[socket.socket] = []
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(0.1)
+
+        def accept() -> None:
+            while server.fileno() != -1:
+                try:
+                    accepted.append(server.accept()[0])
+                except TimeoutError:
+                    continue
+                except OSError:  # closed
+                    return
+
+        thread = threading.Thread(target=accept, daemon=True)
+        thread.start()
+        try:
+            yield f"127.0.0.1:{server.getsockname()[1]}"
+        finally:
+            server.close()
+            thread.join(10)
+            for s in accepted:
+                s.close()
 
 
 def _silent(port: str, seconds: float, tls: bool = False) -> str:
