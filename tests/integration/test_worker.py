@@ -11,6 +11,7 @@ docs/stream-design.md).
 
 from __future__ import annotations
 
+import http.client
 import json
 import shutil
 import subprocess
@@ -329,6 +330,21 @@ def _post(port: int, body: bytes) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
+def _post_head_only(port: int, content_length: int) -> tuple[int, str]:
+    """POST /check's head announcing ``content_length`` bytes, and none of them: the answer's
+    status and reason (a worker that waits for the body fails this with the client's timeout)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.putrequest("POST", "/check")
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(content_length))
+        conn.endheaders()
+        r = conn.getresponse()
+        return r.status, json.loads(r.read())["reason"]
+    finally:
+        conn.close()
+
+
 def test_post_check_answers_against_stored_pages_without_storing(kafka, tmp_path):
     topics = StreamTopics.fresh(kafka, partitions=2)
     (wave,) = make_waves(seed=5, bases=10, waves=1)
@@ -368,3 +384,5 @@ def test_post_check_answers_against_stored_pages_without_storing(kafka, tmp_path
         assert _post(w.web_port, json.dumps({"url": "http://x/"}).encode())[1]["reason"] == "missing_field"
         status, body = _post(w.web_port, json.dumps(page_record("http://big/", "x" * 9000)).encode())
         assert (status, body["reason"]) == (413, "too_large")
+        # a Content-Length over the limit is answered before the body: here none is ever sent
+        assert _post_head_only(w.web_port, 10_000_000) == (413, "too_large")
