@@ -75,7 +75,9 @@ async def one_check(session: aiohttp.ClientSession, url: str, body: bytes) -> tu
         return r.status, time.perf_counter() - t0
 
 
-async def main(args: argparse.Namespace) -> None:
+async def main(args: argparse.Namespace) -> float:
+    """One run: its report printed, its /metrics max (ms) returned."""
+    load = load_average()
     bodies = [page(args.size, i) for i in range(args.concurrency)]
     conn = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=300)
@@ -101,6 +103,7 @@ async def main(args: argparse.Namespace) -> None:
         poller.join(10)
     p = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1000  # noqa: E731
     print(
+        f"load average {load}: "
         f"{args.rounds} x {args.concurrency} concurrent checks of {len(bodies[0])} bytes in {elapsed:.1f}s; "
         f"statuses {dict(sorted(statuses.items()))}; check seconds median {statistics.median(check_times):.2f}"
     )
@@ -109,6 +112,28 @@ async def main(args: argparse.Namespace) -> None:
         print(
             f"worker process {args.pid} (its event loop; the fingerprinting pool not included): {cpu:.2f} CPU seconds "
             f"in {elapsed:.1f}s, {1000 * cpu / max(1, sum(statuses.values())):.1f} ms per check"
+        )
+    return p(1)
+
+
+def load_average() -> str:
+    """The machine's 1-minute load average before a run (Linux), the context of its figures."""
+    try:
+        return open("/proc/loadavg").read().split()[0]
+    except OSError:
+        return "?"
+
+
+def runs(args: argparse.Namespace) -> None:
+    maxima = []
+    for i in range(args.repeat):
+        if args.repeat > 1:
+            print(f"-- run {i + 1} of {args.repeat}")
+        maxima.append(asyncio.run(main(args)))
+    if args.repeat > 1:
+        print(
+            f"/metrics max over {args.repeat} runs: median {statistics.median(maxima):.0f} ms "
+            f"(runs: {', '.join(f'{m:.0f}' for m in maxima)} ms)"
         )
 
 
@@ -120,4 +145,5 @@ if __name__ == "__main__":
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--pid", type=int, help="the worker's process id: report its CPU time (Linux)")
     ap.add_argument("--poll", type=float, default=0.05, help="seconds between /metrics polls")
-    asyncio.run(main(ap.parse_args()))
+    ap.add_argument("--repeat", type=int, default=1, help="runs, reported one by one and by the median of their max")
+    runs(ap.parse_args())
