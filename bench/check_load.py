@@ -4,22 +4,29 @@ Sends ``--concurrency`` simultaneous checks of a ``--size``-byte page (``--round
 running worker while polling ``/metrics`` every ``--poll`` seconds, and reports the /metrics
 latencies (max, p99, p50) and the checks' status codes.  Run by hand against a local worker::
 
-    python bench/check_load.py --base-url http://127.0.0.1:6066 --concurrency 100 --size 1000000
+    python bench/check_load.py --base-url http://127.0.0.1:6066 --concurrency 100 --size 1000000 --repeat 7
 
 A 503 (busy, with Retry-After) is the worker refusing work beyond its limit, which is the
 point; 200s are checks that were judged.  ``--pid`` adds the worker process's CPU time: the
 event loop's share of the work, which does not depend on how busy the machine is.
+``--repeat N`` runs N times and ends with the median of the runs' /metrics max; each run
+prints the load average before it.
 
-Measured 2026-11-23 on the shared 2-core development machine (load average 13-17 from other
-jobs), one worker (4 partitions, 1 fingerprinting process), 100 concurrent checks of 894 kB:
+Measured on the shared 2-core development machine, one worker (4 partitions, 1 fingerprinting
+process), 3 rounds of 100 concurrent checks of 993 kB (bench/README.md has the details):
 
-* before (commit 53721d2): 35 s for the 100 checks, /metrics max 30-33 s, the worker process
-  10.4 CPU seconds (parsing and fingerprinting on the event loop);
-* after: 2.6-3.2 s (4 judged, 96 answered 503 busy at once), /metrics max 117-1212 ms (p50
-  33-56 ms), the worker process 0.2-0.3 CPU seconds.  With 1 MB pages, 3 rounds: /metrics max
-  275-1108 ms, 0.7-1.1 CPU seconds.  The goal (max <= 200 ms) was met in some runs only; the
-  loop's own work per burst is ~0.2-0.3 CPU seconds, spread over the burst, and the spread of
-  the max follows the machine's load.
+* 2026-11-23, before (commit 53721d2), one round of 894 kB: 35 s for the 100 checks, /metrics
+  max 30-33 s, the worker process 10.4 CPU seconds (parsing and fingerprinting on the event
+  loop), load average 13-17;
+* 2026-11-23, after (process pool, 503 beyond the limit), load average 13-17: /metrics max
+  275-1108 ms (one round of 894 kB: 117-1212 ms); met in some runs only;
+* 2026-11-24, this tree: median /metrics max **101 ms** over 5 runs at load average 1.2-1.7
+  (97-137 ms; goal met), **310 ms** over 7 runs at load average 5.9-6.8 (178-507 ms; not met).
+  The worker process spends 1.0-2.0 ms of CPU per check, most of it in aiohttp's socket reads
+  and writes and connection handling (py-spy); the /check view and Checker take 1.5 % of the
+  loop's time, /metrics itself 22 %.  Closing refused connections without aiohttp's lingering
+  read, or lowering the fingerprinting process's priority, changed nothing measurable.  The
+  max follows the machine's load.
 """
 
 from __future__ import annotations
