@@ -139,10 +139,11 @@ _PROBE_CLIENT = b"streamdedup-probe"
 #: An ApiVersions v0 request, which every Kafka listener answers, SASL ones before the login too.
 _PROBE_GRACE = 3.0  # seconds the probe may take to explain a failed start
 #: Seconds a listener that accepted the probe's connection has to answer it (its TLS handshake,
-#: then the ApiVersions request).  A Kafka broker answers ApiVersions from memory, in milliseconds
-#: even when busy; a port that says nothing for this long is not taken for a slow broker, so a
-#: silent port fails the start after this and not after the whole connect timeout.  A broker that
-#: answers in time keeps the whole timeout for the client's own start.
+#: then the ApiVersions request).  A Kafka broker answers ApiVersions without touching its logs,
+#: in milliseconds; a port that says nothing for this long is taken for no Kafka listener, so a
+#: silent port fails the start after this and not after the whole connect timeout.  The price: a
+#: broker that stays silent as long (bound but still starting, or in a long pause) is named so
+#: too.  A broker that answers in time keeps the whole timeout for the client's own start.
 PROBE_SILENCE = 5.0
 _PROBE = struct.pack(">ihhih", 10 + len(_PROBE_CLIENT), 18, 0, _PROBE_ID, len(_PROBE_CLIENT)) + _PROBE_CLIENT
 
