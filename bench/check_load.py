@@ -21,7 +21,8 @@ process), 3 rounds of 100 concurrent checks of 993 kB (bench/README.md has the d
 * 2026-11-23, after (process pool, 503 beyond the limit), load average 13-17: /metrics max
   275-1108 ms (one round of 894 kB: 117-1212 ms); met in some runs only;
 * 2026-11-24, this tree: median /metrics max **101 ms** over 5 runs at load average 1.2-1.7
-  (97-137 ms; goal met), **310 ms** over 7 runs at load average 5.9-6.8 (178-507 ms; not met).
+  (97-137 ms; goal met), **180 ms** over 7 runs at load average 2.2-4.7 (60-449 ms; met),
+  **310 ms** over 7 runs at load average 5.9-6.8 (178-507 ms; not met).
   The worker process spends 1.0-2.0 ms of CPU per check, most of it in aiohttp's socket reads
   and writes and connection handling (py-spy); the /check view and Checker take 1.5 % of the
   loop's time, /metrics itself 22 %.  Closing refused connections without aiohttp's lingering
