@@ -20,8 +20,9 @@ writes in transactions).
             print(p.url, "~", p.match_url, p.distance)
 
 A client that cannot connect raises :class:`ClientError` naming the cause: a refused login or
-certificate, a port that is not Kafka's, a listener of another security protocol (:func:`connect`,
-which the worker's start uses too).
+certificate, a port that is not Kafka's (one that accepts and stays silent too, after
+:data:`PROBE_SILENCE` seconds rather than the whole :data:`CONNECT_TIMEOUT`), a listener of
+another security protocol (:func:`connect`, which the worker's start uses too).
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ __all__ = [
 ]
 
 HEADER_PREFIX = "streamdedup-"
+#: Seconds a client may take to connect (``connect_timeout``) by default: the CLI's.
+CONNECT_TIMEOUT = 30.0
 
 
 # ---------------------------------------------------------------------------- the input record
@@ -135,6 +138,13 @@ _PROBE_ID = 0x0D0A0D0A
 _PROBE_CLIENT = b"streamdedup-probe"
 #: An ApiVersions v0 request, which every Kafka listener answers, SASL ones before the login too.
 _PROBE_GRACE = 3.0  # seconds the probe may take to explain a failed start
+#: Seconds a listener that accepted the probe's connection has to answer it (its TLS handshake,
+#: then the ApiVersions request).  A Kafka broker answers ApiVersions without touching its logs,
+#: in milliseconds; a port that says nothing for this long is taken for no Kafka listener, so a
+#: silent port fails the start after this and not after the whole connect timeout.  The price: a
+#: broker that stays silent as long (bound but still starting, or in a long pause) is named so
+#: too.  A broker that answers in time keeps the whole timeout for the client's own start.
+PROBE_SILENCE = 5.0
 _PROBE = struct.pack(">ihhih", 10 + len(_PROBE_CLIENT), 18, 0, _PROBE_ID, len(_PROBE_CLIENT)) + _PROBE_CLIENT
 
 
@@ -143,6 +153,7 @@ async def connect(
     stop: Callable[[], Awaitable[object]],
     settings: Settings,
     timeout: float,
+    silence: float = PROBE_SILENCE,
 ) -> None:
     """Run an aiokafka client's ``start``; if it fails, ``stop`` it and raise :class:`ClientError` saying why.
 
@@ -150,7 +161,8 @@ async def connect(
     or certificate, is in its log) and a port that is not Kafka's makes it wait for the whole
     timeout.  So the log's errors are collected while it starts, and beside it a probe sends one
     Kafka request to every broker: when none of them is a Kafka listener the start fails at once,
-    with what answered instead.
+    with what answered instead (or, for a port that accepted and said nothing, after ``silence``
+    seconds, :data:`PROBE_SILENCE` at most).
     """
     seen = _Collect()
     aiokafka_log = logging.getLogger("aiokafka")
@@ -158,7 +170,8 @@ async def connect(
     probes = [_Probe(b, settings.ssl_context()) for b in settings.brokers]
     deadline = time.monotonic() + timeout
     starting: asyncio.Future[Any] = asyncio.ensure_future(start())
-    probing: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*(p.run(timeout) for p in probes)))
+    silence = min(silence, timeout)
+    probing: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*(p.run(silence) for p in probes)))
     try:
         await asyncio.wait({starting, probing}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         if not starting.done() and not (probing.done() and all(p.failure for p in probes)):
@@ -181,15 +194,19 @@ async def connect(
 
 class _Probe:
     """One broker, asked one Kafka request (:data:`_PROBE`): ``failure`` says why it is no Kafka
-    listener (or cannot be reached); ``None`` while it says nothing or when it answered as Kafka."""
+    listener (or cannot be reached, or said nothing once connected); ``None`` while it waits, or
+    when it answered as Kafka."""
 
     def __init__(self, broker: str, ssl_context: ssl.SSLContext | None) -> None:
         self.broker, self.ssl_context = broker, ssl_context
         self.failure: str | None = None
         self.connected = False  # TCP
+        self.handshaken = False  # TLS, when it is asked for
         self.kafka = False  # it answered the probe as Kafka does
 
-    async def run(self, timeout: float) -> None:
+    async def run(self, silence: float) -> None:
+        """Connect (for as long as it takes: the caller's timeout ends that), then give the listener
+        ``silence`` seconds to answer before calling it silent."""
         host, _, port = self.broker.rpartition(":")
         tls = self.ssl_context is not None
         try:
@@ -199,33 +216,38 @@ class _Probe:
             return
         self.connected = True
         try:
-            if self.ssl_context is not None:
-                await writer.start_tls(self.ssl_context, server_hostname=host.strip("[]"))
-            writer.write(_PROBE)
-            await writer.drain()
-            head = b""
-            while len(head) < 8:  # the response's size and correlation id
-                if not (chunk := await reader.read(8 - len(head))):
-                    break
-                head += chunk
-            if len(head) == 8:
-                size, correlation = struct.unpack(">ii", head)
-                if correlation == _PROBE_ID and 0 < size < 1 << 20:
-                    self.kafka = True
-                    return
-                head += await _more(reader)
-            if head[:1] in (b"\x15", b"\x16") and head[1:2] == b"\x03":  # a TLS record: an alert, or a hello
-                self.failure = (
-                    f"{self.broker} answered with TLS: a TLS listener? use --security-protocol SSL or SASL_SSL"
-                )
-            elif head:
-                self.failure = f"{self.broker} is not a Kafka listener: it answered {_show(head)}"
-            else:
-                self.failure = _closed(self.broker, False)
+            async with asyncio.timeout(silence):
+                await self._ask(host, reader, writer)
+        except TimeoutError:
+            self.failure = _silent([self.broker], tls and not self.handshaken, silence)
         except OSError as e:
             self.failure = _why(e, self.broker, tls)
         finally:
             writer.close()
+
+    async def _ask(self, host: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.ssl_context is not None:
+            await writer.start_tls(self.ssl_context, server_hostname=host.strip("[]"))
+        self.handshaken = True
+        writer.write(_PROBE)
+        await writer.drain()
+        head = b""
+        while len(head) < 8:  # the response's size and correlation id
+            if not (chunk := await reader.read(8 - len(head))):
+                break
+            head += chunk
+        if len(head) == 8:
+            size, correlation = struct.unpack(">ii", head)
+            if correlation == _PROBE_ID and 0 < size < 1 << 20:
+                self.kafka = True
+                return
+            head += await _more(reader)
+        if head[:1] in (b"\x15", b"\x16") and head[1:2] == b"\x03":  # a TLS record: an alert, or a hello
+            self.failure = f"{self.broker} answered with TLS: a TLS listener? use --security-protocol SSL or SASL_SSL"
+        elif head:
+            self.failure = f"{self.broker} is not a Kafka listener: it answered {_show(head)}"
+        else:
+            self.failure = _closed(self.broker, False)
 
 
 async def _more(reader: asyncio.StreamReader) -> bytes:
@@ -241,6 +263,14 @@ def _show(data: bytes) -> str:
     if all(c.isprintable() or c in "\r\n\t" for c in text):
         return repr(" ".join(text.split())[:60])
     return repr(data[:24])
+
+
+def _silent(brokers: list[str], no_handshake: bool, seconds: float) -> str:
+    what = "completed no TLS handshake and " if no_handshake else ""
+    return (
+        f"{', '.join(brokers)} accepted the connection but {what}answered no Kafka request in "
+        f"{seconds:g} s: is it a Kafka listener, of this --security-protocol?"
+    )
 
 
 def _closed(broker: str, tls: bool) -> str:
@@ -343,13 +373,9 @@ def _explain(
     if not reasons and error is not None and not timed_out and not isinstance(error, TimeoutError):
         reasons.append(_why(error, ",".join(settings.brokers), tls))
     if not reasons:
-        silent = [p.broker for p in probes if p.connected and not p.kafka]
+        silent = [p for p in probes if p.connected and not p.kafka]
         if silent:
-            what = "completed no TLS handshake and " if tls else ""
-            reasons.append(
-                f"{', '.join(silent)} accepted the connection but {what}answered no Kafka request in "
-                f"{timeout:g} s: is it a Kafka listener, of this --security-protocol?"
-            )
+            reasons.append(_silent([p.broker for p in silent], tls and not all(p.handshaken for p in silent), timeout))
         else:
             reasons.append(f"no answer in {timeout:g} s; {_CHECK}")
     if timed_out and kafka:
@@ -407,7 +433,7 @@ class PageProducer:
         topic: str | None = None,
         linger_ms: int = 20,
         max_batch_bytes: int = 256 * 1024,
-        connect_timeout: float = 30.0,
+        connect_timeout: float = CONNECT_TIMEOUT,
         **kafka_kwargs: Any,
     ) -> None:
         settings = settings or Settings()
@@ -604,7 +630,7 @@ class _TopicReader:
         *,
         group_id: str | None = None,
         from_beginning: bool = False,
-        connect_timeout: float = 30.0,
+        connect_timeout: float = CONNECT_TIMEOUT,
         **kafka_kwargs: Any,
     ) -> None:
         settings = settings or Settings()

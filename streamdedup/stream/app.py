@@ -61,7 +61,8 @@ FAILED = -2  # an answer row's distance when its shard gave up on the probe (the
 #: test hook, never set in production: ``<stage>:<n>`` makes that stage (shard, answers) raise on
 #: its first n batches; ``<stage>:id=<text>`` on every batch holding a page whose id contains text;
 #: ``stop`` makes a stop (SIGTERM) hang, for the stop deadline; ``check:id=<text>`` makes a POST
-#: /check whose body contains text answer CHECK_FAULT_DELAY seconds late; ``skip:<partition>:<offset>[,...]``
+#: /check whose body contains text answer CHECK_FAULT_DELAY seconds late (in progress all along,
+#: so it counts against the checks limit); ``skip:<partition>:<offset>[,...]``
 #: drops those pages records the first time the consumer delivers them, as faust can (docs/faust-notes.md §10)
 FAULT_ENV = "TEST_STREAMDEDUP_FAULT"  # (not STREAMDEDUP_*: settings refuse unknown ones)
 CHECK_FAULT_DELAY = 2.0
@@ -248,9 +249,8 @@ class Worker:
                     else:
                         unread = False
                         assert body is not None  # read within the limit
-                        if faults.stage == "check" and faults.match and faults.match.encode() in body:
-                            await asyncio.sleep(CHECK_FAULT_DELAY)  # the test hook: a slow answer
-                        status, payload, headers = await checker.check(body)
+                        slow = faults.stage == "check" and faults.match is not None and faults.match.encode() in body
+                        status, payload, headers = await checker.check(body, CHECK_FAULT_DELAY if slow else 0.0)
                 metrics.check_seconds.labels(str(status)).observe(time.perf_counter() - t0)
                 response = self.json(payload, status=status, headers=headers or None)
                 if unread:

@@ -131,12 +131,15 @@ class Checker:
             {"Retry-After": str(RETRY_AFTER_SECONDS)},
         )
 
-    async def check(self, body: bytes) -> tuple[int, dict, dict]:
-        """(HTTP status, JSON body, extra headers) for one page record."""
+    async def check(self, body: bytes, hold: float = 0.0) -> tuple[int, dict, dict]:
+        """(HTTP status, JSON body, extra headers) for one page record; ``hold`` seconds in
+        progress first (the worker's test hook for a slow check: it counts against the limit)."""
         if (busy := self.busy()) is not None:
             return busy
         self.active += 1
         try:
+            if hold:
+                await asyncio.sleep(hold)
             return await self._check(body)
         finally:
             self.active -= 1

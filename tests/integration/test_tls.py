@@ -9,8 +9,9 @@ and the worker: a CA that did not sign the broker's certificate, the broker's ``
 (its certificate ran out in 2020), a wrong SASL password over SASL_PLAINTEXT and SASL_SSL, and a
 port that is not Kafka's (an HTTP server).  Each ends with exit status 1 and a message that names
 the cause, long before the 30 s connect timeout (every run has a 25 s deadline).  A port that
-accepts and never answers can only be told apart from a slow broker by waiting: that one is
-checked through the library with a short connect timeout.
+accepts and never answers can only be told apart from a slow broker by waiting: here it is checked
+through the library with a connect timeout shorter than the probe's silence limit (the CLI against
+one, and the limit itself: tests/test_connect.py).
 """
 
 from __future__ import annotations

@@ -11,10 +11,15 @@ docs/stream-design.md).
 
 from __future__ import annotations
 
+import http.client
 import json
+import select
 import shutil
+import socket
 import subprocess
+import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -24,6 +29,7 @@ from streamdedup.engine.dedup import Deduplicator
 from streamdedup.engine.records import page_from_json, page_text
 from streamdedup.fingerprinting.simhash import to_hex
 from streamdedup.pipeline.intake import fingerprint_contents
+from streamdedup.stream.app import CHECKS_PER_PROCESS, FAULT_ENV
 
 pytestmark = pytest.mark.kafka
 
@@ -329,6 +335,21 @@ def _post(port: int, body: bytes) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
+def _post_head_only(port: int, content_length: int) -> tuple[int, str]:
+    """POST /check's head announcing ``content_length`` bytes, and none of them: the answer's
+    status and reason (a worker that waits for the body fails this with the client's timeout)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.putrequest("POST", "/check")
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(content_length))
+        conn.endheaders()
+        r = conn.getresponse()
+        return r.status, json.loads(r.read())["reason"]
+    finally:
+        conn.close()
+
+
 def test_post_check_answers_against_stored_pages_without_storing(kafka, tmp_path):
     topics = StreamTopics.fresh(kafka, partitions=2)
     (wave,) = make_waves(seed=5, bases=10, waves=1)
@@ -368,3 +389,43 @@ def test_post_check_answers_against_stored_pages_without_storing(kafka, tmp_path
         assert _post(w.web_port, json.dumps({"url": "http://x/"}).encode())[1]["reason"] == "missing_field"
         status, body = _post(w.web_port, json.dumps(page_record("http://big/", "x" * 9000)).encode())
         assert (status, body["reason"]) == (413, "too_large")
+        # a Content-Length over the limit is answered before the body: here none is ever sent
+        assert _post_head_only(w.web_port, 10_000_000) == (413, "too_large")
+
+
+def _answered_before_the_body(port: int, body: bytes, wait: float) -> tuple[int, str | None, dict] | None:
+    """POST /check's head; the answer (status, Retry-After, JSON) if it comes within ``wait``
+    seconds, before the body is sent; else the body is sent, its answer read, and None returned."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(
+            b"POST /check HTTP/1.1\r\nHost: w\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body)
+        )
+        early = bool(select.select([sock], [], [], wait)[0])
+        if not early:
+            sock.sendall(body)
+        r = http.client.HTTPResponse(sock)
+        r.begin()
+        answer = (r.status, r.getheader("Retry-After"), json.loads(r.read()))
+        return answer if early else None
+
+
+def test_post_check_beyond_the_limit_is_503_before_the_body(kafka, tmp_path):
+    """Checks in progress up to the limit (held by the test hook, CHECK_FAULT_DELAY each): one
+    more is answered 503 busy with Retry-After from its head alone, before a body byte is sent."""
+    topics = StreamTopics.fresh(kafka, partitions=1)
+    env = {"STREAMDEDUP_FINGERPRINT_PROCESSES": "1", FAULT_ENV: "check:id=slow-check"}
+    held = json.dumps(page_record("http://slow-check.test/", "<p>a check held in progress</p>")).encode()
+    probe = json.dumps(page_record("http://probe.test/", "<p>one check more</p>" * 1000)).encode()
+    early: list[tuple[int, str | None, dict]] = []
+    with WorkerProcess(kafka, topics, tmp_path, env=env) as w, ThreadPoolExecutor(CHECKS_PER_PROCESS) as pool:
+        deadline = time.monotonic() + 120
+        while not early and time.monotonic() < deadline:  # a round: the limit held, probes until it ends
+            round_ = [pool.submit(_post, w.web_port, held) for _ in range(CHECKS_PER_PROCESS)]
+            while not early and not all(f.done() for f in round_):
+                if (answer := _answered_before_the_body(w.web_port, probe, wait=0.5)) is not None:
+                    early.append(answer)
+            assert all(f.result()[0] in (200, 503) for f in round_)
+    assert early, "no check was answered before its body while the limit was held"
+    status, retry_after, payload = early[0]
+    assert (status, retry_after, payload["reason"]) == (503, "1", "busy")
