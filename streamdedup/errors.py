@@ -19,7 +19,7 @@
 
 from __future__ import annotations
 
-__all__ = ["StreamdedupError", "RecordError", "SettingsError", "ClientError", "TopicError", "SchemeError", "REASONS"]
+__all__ = ["StreamdedupError", "RecordError", "SettingsError", "ClientError", "TopicError", "SchemeError", "PlanError", "REASONS"]
 
 #: Every reason a record can be rejected for (a metric label and a dead-letter header value).
 #: ``empty``, ``binary``, ``not_text`` and ``unparsable`` come from the text extractor,
@@ -85,3 +85,8 @@ class SchemeError(StreamdedupError, ValueError):
 
     def __reduce__(self):
         return (type(self), (str(self), self.found, self.expected))
+
+
+class PlanError(StreamdedupError, ValueError):
+    """Stored shard rows were written by a worker of another shard plan (another --algorithm,
+    --threshold, --num-perm, or combined --k): they cannot be read into this worker's index."""

@@ -234,3 +234,33 @@ def test_lookups_through_the_sorted_runs_equal_a_scan_of_every_key():
         assert got == want
     assert (table.keys() == keys).all()
     assert len(table) == len(keys)
+
+
+def test_changelog_rows_of_another_plan_are_refused_before_any_is_stored():
+    """A worker restarted with another --algorithm (or --threshold, --num-perm) under the same
+    app id must not read the old shard rows into its index."""
+    from streamdedup.errors import PlanError
+    from streamdedup.index.tables import TableDesign
+    from streamdedup.pipeline.shard import ShardPlan
+
+    scheme = SCHEMES["minhash"]
+    sigs, fps = twins(np.random.default_rng(6), scheme, 2)
+    band_rows = Batch.build(
+        group=np.arange(4),
+        fps=fps,
+        fetched=0,
+        id_hash=fps,
+        ids=list("abcd"),
+        urls=list("abcd"),
+        extra=scheme.extra(sigs),
+    )
+    simhash_rows = Batch.build(group=[3], fps=[1], fetched=0, id_hash=[1], ids=["a"], urls=["a"])
+    simhash = Shard(ShardPlan(TableDesign.named("16"), 1))
+    with pytest.raises(PlanError, match="another plan"):
+        simhash.restore(band_rows)
+    with pytest.raises(PlanError, match="another plan"):
+        Shard(BandPlan(scheme, 1)).restore(simhash_rows)
+    other = BandScheme.for_threshold(0.9, 128)
+    with pytest.raises(PlanError, match="another plan"):
+        Shard(BandPlan(other, 1)).restore(band_rows)
+    assert len(simhash) == 0

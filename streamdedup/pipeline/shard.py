@@ -44,6 +44,7 @@ import numpy as np
 import xxhash
 
 from streamdedup.engine.order import group_masks
+from streamdedup.errors import PlanError
 from streamdedup.fingerprinting.features import mix64
 from streamdedup.index.arrays import GrowingArray
 from streamdedup.index.hamming import HammingIndex
@@ -400,7 +401,19 @@ class Shard:
             store.prepare()
 
     def restore(self, inserts: Batch) -> None:
-        """Store decoded changelog rows as they are (recovery: no probing, no checks)."""
+        """Store decoded changelog rows as they are (recovery: no probing, no checks).
+
+        Raises :class:`~streamdedup.errors.PlanError` for rows of another plan (their extra
+        bytes or groups do not fit this one's), before storing any."""
+        width = 0 if inserts.extra is None else inserts.extra.shape[1]
+        groups = inserts.group
+        if width != self.plan.extra_bytes or (len(groups) and int(groups.max()) >= self.plan.n_groups):
+            raise PlanError(
+                f"shard rows of another plan ({width} extra bytes a row, groups up to "
+                f"{int(groups.max()) if len(groups) else 0}); this worker's plan has {self.plan.extra_bytes} "
+                f"extra bytes a row and {self.plan.n_groups} groups: another --algorithm, --threshold, "
+                "--num-perm or combined --k wrote them"
+            )
         for g in np.unique(inserts.group).tolist():
             store = self._groups.get(g)
             if store is None:

@@ -29,7 +29,7 @@ import faust.stores
 from faust.stores import base
 from faust.types import TP
 
-from streamdedup.errors import SchemeError
+from streamdedup.errors import PlanError, SchemeError
 from streamdedup.fingerprinting import SCHEME as FINGERPRINT_SCHEME
 from streamdedup.pipeline.shard import Plan, Shard
 from streamdedup.pipeline.wire import CHANGELOG, decode
@@ -222,7 +222,11 @@ class ShardStore(base.Store):
             except SchemeError as e:
                 self._refuse(partition, e)
                 raise
-            self.shard(partition).restore(rows)
+            try:
+                self.shard(partition).restore(rows)
+            except PlanError as e:
+                self._refuse_plan(partition, e)
+                raise
             self.covered(partition, messages[-1].offset)
             if self.on_restored is not None:
                 self.on_restored(partition, len(messages))
@@ -238,6 +242,15 @@ class ShardStore(base.Store):
         log.critical("%s", message)
         crash = SchemeError(message, error.found, error.expected)
         self._crashing = asyncio.ensure_future(self.app.crash(crash))  # keep a reference until it runs
+
+    def _refuse_plan(self, partition: int, error: PlanError) -> None:
+        """Stop the worker: its changelog was written by workers of another plan."""
+        message = (
+            f"the shard changelog {self._changelog()} (partition {partition}) holds {error}. Start this worker "
+            "with the settings the app id was created with, or use a new --app-id for the new ones"
+        )
+        log.critical("%s", message)
+        self._crashing = asyncio.ensure_future(self.app.crash(PlanError(message)))
 
     def reset_state(self) -> None:
         for shard in self.shards.values():
