@@ -398,7 +398,9 @@ async def one_run(kafka, args, records: list[dict]) -> dict:
     if "recovery" in args.only:
         add("rec", await recovery(kafka, args))
     if "algorithms" in args.only:
-        for algorithm, k in (("simhash", 3), ("minhash", 3), ("combined", 10)):
+        modes = [("simhash", 3), ("minhash", 3), ("combined", 10)]
+        args.rotation = getattr(args, "rotation", -1) + 1  # each run starts with another mode: load drifts
+        for algorithm, k in modes[args.rotation % 3 :] + modes[: args.rotation % 3]:
             env = {"STREAMDEDUP_ALGORITHM": algorithm, "STREAMDEDUP_K": str(k)}
             r, verdicts = await backlog(kafka, args, records, 1, env)
             out[f"alg_{algorithm}_per_s"], out[f"alg_{algorithm}_steady_per_s"] = r["per_s"], r["steady_per_s"]
