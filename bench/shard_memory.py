@@ -26,7 +26,7 @@ import tempfile
 import numpy as np
 
 
-def run(mode: str, pages: int, url_length: int, batch: int, algorithm: str = "simhash") -> dict:
+def run(mode: str, pages: int, url_length: int, batch: int, algorithm: str = "simhash", num_perm: int = 128) -> dict:
     from streamdedup.index.bands import BandScheme
     from streamdedup.index.tables import TableDesign
     from streamdedup.pipeline.bands import BandPlan
@@ -36,7 +36,7 @@ def run(mode: str, pages: int, url_length: int, batch: int, algorithm: str = "si
     plan: Plan = ShardPlan(TableDesign.named("16"), partitions=1)
     scheme = None
     if algorithm != "simhash":
-        scheme = BandScheme.for_threshold(0.8, 128, verify=algorithm)
+        scheme = BandScheme.for_threshold(0.8, num_perm, verify=algorithm)
         plan = BandPlan(scheme, partitions=1)
     with tempfile.TemporaryDirectory() as tmp:
         shard = Shard(plan, None if mode == "memory" else f"{tmp}/s")
@@ -75,17 +75,19 @@ def main() -> None:
     ap.add_argument("--url-length", type=int, default=60)
     ap.add_argument("--batch", type=int, default=20_000)
     ap.add_argument("--algorithm", action="append", choices=["simhash", "minhash", "combined"])
+    ap.add_argument("--num-perm", type=int, default=128, help="the band modes' permutations (sketch size)")
     ap.add_argument("--mode", choices=["memory", "files"], help=argparse.SUPPRESS)  # (one run, in a child)
     a = ap.parse_args()
     algorithms = a.algorithm or ["simhash"]
     if a.mode:
-        print(json.dumps(run(a.mode, a.pages, a.url_length, a.batch, algorithms[0])))
+        print(json.dumps(run(a.mode, a.pages, a.url_length, a.batch, algorithms[0], a.num_perm)))
         return
     print(f"{'algorithm':9} {'strings':8} {'pages':>11} {'url':>4} {'Shard.nbytes/page':>18} {'peak RSS/page':>14}")
     for algorithm in algorithms:
         for mode in ("memory", "files"):
             args = [sys.executable, __file__, "--mode", mode, "--pages", str(a.pages)]
             args += ["--url-length", str(a.url_length), "--algorithm", algorithm, "--batch", str(a.batch)]
+            args += ["--num-perm", str(a.num_perm)]
             r = json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
             print(
                 f"{algorithm:9} {mode:8} {r['pages']:>11,} {r['url_length']:>4} {r['nbytes_per_page']:>16.0f} B "

@@ -19,6 +19,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -369,3 +371,15 @@ def wait_for_group(kafka, group: str, members: int, timeout: float = 60.0) -> No
 
     ok, state = asyncio.run(run())
     assert ok, f"consumer group {group} not stable with {members} members within {timeout}s (state {state})"
+
+
+def post_check(port: int, body: bytes) -> tuple[int, dict]:
+    """POST ``body`` to a worker's /check: (status, the JSON answer)."""
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/check", data=body, method="POST", headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())

@@ -13,7 +13,15 @@ import json
 
 import numpy as np
 import pytest
-from stream_harness import StreamTopics, WorkerProcess, page_record, produce, wait_for_group, wait_for_verdicts
+from stream_harness import (
+    StreamTopics,
+    WorkerProcess,
+    page_record,
+    post_check,
+    produce,
+    wait_for_group,
+    wait_for_verdicts,
+)
 
 from streamdedup.engine.dedup import Deduplicator
 from streamdedup.engine.records import page_from_json, page_text
@@ -146,9 +154,18 @@ def test_a_restarted_worker_still_finds_pages_stored_before_it_stopped(kafka, tm
     with WorkerProcess(kafka, topics, tmp_path, env=env):
         produce(kafka, topics.pages, first)
         wait_for_verdicts(kafka, topics, len(first), timeout=120)
-    with WorkerProcess(kafka, topics, tmp_path, env=env):
+    with WorkerProcess(kafka, topics, tmp_path, env=env) as w:
         produce(kafka, topics.pages, copies)
         out = wait_for_verdicts(kafka, topics, len(first) + len(copies), timeout=120)
+        # POST /check judges by the bands too, without storing the page
+        probe = dict(first[0], url="http://check.test/p0")
+        for _ in range(2):
+            status, answer = post_check(w.web_port, json.dumps(probe).encode())
+            assert status == 200 and answer["verdict"] == "near_duplicate"
+            assert (answer["match_id"], answer["similarity"]) == (first[0]["url"], 1.0)
+        fresh = planted(seed=34, n_pairs=0, n_alone=1, prefix="z")[0][0]
+        assert post_check(w.web_port, json.dumps(fresh).encode())[1]["verdict"] == "unique"
+        assert post_check(w.web_port, json.dumps(dict(fresh, url="http://z2/")).encode())[1]["verdict"] == "unique"
     judged = judged_once(out, first + copies)
     for r in copies:
         verdict, match, distance, similarity = judged[r["url"]]

@@ -23,7 +23,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from stream_harness import StreamTopics, WorkerProcess, page_record, produce, wait_for_group, wait_for_verdicts
+from stream_harness import (
+    StreamTopics,
+    WorkerProcess,
+    page_record,
+    post_check,
+    produce,
+    wait_for_group,
+    wait_for_verdicts,
+)
 
 from streamdedup.engine.dedup import Deduplicator
 from streamdedup.engine.records import page_from_json, page_text
@@ -324,17 +332,6 @@ def test_a_clean_stop_snapshots_the_shards_and_a_restart_answers_from_them(kafka
     assert once_each(out) and judged(out) == expected_verdicts(waves[0] + waves[1])
 
 
-def _post(port: int, body: bytes) -> tuple[int, dict]:
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/check", data=body, method="POST", headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 def _post_head_only(port: int, content_length: int) -> tuple[int, str]:
     """POST /check's head announcing ``content_length`` bytes, and none of them: the answer's
     status and reason (a worker that waits for the body fails this with the client's timeout)."""
@@ -359,7 +356,7 @@ def test_post_check_answers_against_stored_pages_without_storing(kafka, tmp_path
         wait_for_verdicts(kafka, topics, len(wave))
         copy = dict(wave[3], url="http://mirror.test/copy")
         copy.pop("fetched_at")  # a check without a time is judged as of now
-        assert _post(w.web_port, json.dumps(copy).encode()) == (
+        assert post_check(w.web_port, json.dumps(copy).encode()) == (
             200,
             {
                 "id": "http://mirror.test/copy",
@@ -372,22 +369,23 @@ def test_post_check_answers_against_stored_pages_without_storing(kafka, tmp_path
                 "distance": 0,
             },
         )
-        status, body = _post(w.web_port, json.dumps(fresh).encode())
+        status, body = post_check(w.web_port, json.dumps(fresh).encode())
         assert status == 200 and body["verdict"] == "unique" and body["match_id"] is None
         # the check stored nothing: the same page checked again, or sent, is still unique
         assert (
-            _post(w.web_port, json.dumps(dict(fresh, url="http://check.test/again")).encode())[1]["verdict"] == "unique"
+            post_check(w.web_port, json.dumps(dict(fresh, url="http://check.test/again")).encode())[1]["verdict"]
+            == "unique"
         )
         produce(kafka, topics.pages, [dict(fresh, url="http://check.test/sent")])
         out = wait_for_verdicts(kafka, topics, len(wave) + 1)
         assert out["verdicts"]["http://check.test/sent"][0]["verdict"] == "unique"
         # bad input: a 4xx with the reason
-        assert _post(w.web_port, b"{not json") == (
+        assert post_check(w.web_port, b"{not json") == (
             400,
-            {"error": _post(w.web_port, b"{not json")[1]["error"], "reason": "not_json"},
+            {"error": post_check(w.web_port, b"{not json")[1]["error"], "reason": "not_json"},
         )
-        assert _post(w.web_port, json.dumps({"url": "http://x/"}).encode())[1]["reason"] == "missing_field"
-        status, body = _post(w.web_port, json.dumps(page_record("http://big/", "x" * 9000)).encode())
+        assert post_check(w.web_port, json.dumps({"url": "http://x/"}).encode())[1]["reason"] == "missing_field"
+        status, body = post_check(w.web_port, json.dumps(page_record("http://big/", "x" * 9000)).encode())
         assert (status, body["reason"]) == (413, "too_large")
         # a Content-Length over the limit is answered before the body: here none is ever sent
         assert _post_head_only(w.web_port, 10_000_000) == (413, "too_large")
@@ -421,7 +419,7 @@ def test_post_check_beyond_the_limit_is_503_before_the_body(kafka, tmp_path):
     with WorkerProcess(kafka, topics, tmp_path, env=env) as w, ThreadPoolExecutor(CHECKS_PER_PROCESS) as pool:
         deadline = time.monotonic() + 120
         while not early and time.monotonic() < deadline:  # a round: the limit held, probes until it ends
-            round_ = [pool.submit(_post, w.web_port, held) for _ in range(CHECKS_PER_PROCESS)]
+            round_ = [pool.submit(post_check, w.web_port, held) for _ in range(CHECKS_PER_PROCESS)]
             while not early and not all(f.done() for f in round_):
                 if (answer := _answered_before_the_body(w.web_port, probe, wait=0.5)) is not None:
                     early.append(answer)
