@@ -216,6 +216,84 @@ def compare(stream: list[dict], scan: list[dict], k: int = 3, design: str | None
     }
 
 
+def read_store_order(path: Path) -> dict[tuple[int, int], list[str]]:
+    """(shard partition, group) -> page ids in the order that group's store stored them (the
+    changelog's order; a page stored again after a replay keeps its first place)."""
+    chains: dict[tuple[int, int], list[str]] = defaultdict(list)
+    seen: set[tuple[int, int, str, str]] = set()
+    for row in read_verdicts(path):
+        key = (row["shard"], row["group"], row["id"], row["fp"])
+        if key not in seen:
+            seen.add(key)
+            chains[row["shard"], row["group"]].append(row["id"])
+    return dict(chains)
+
+
+def replay(stream: list[dict], chains: dict[tuple[int, int], list[str]], k: int = 3, design: str | None = None) -> dict:
+    """The rule applied to the worker's own store order (from its shard changelog): each page's
+    expected verdict is the nearest page stored before it at their canonical group, then the
+    lowest such group, then the first stored.  Any page whose verdict differs is a bug, whatever
+    the partitions and workers.  Also: whether one global order is consistent with every store
+    and with every input partition's offset order (None: no such order), and such an order."""
+    st = {v["id"]: v for v in stream}
+    ids = list(st)
+    fps = np.array([int(st[i]["fingerprint"], 16) for i in ids], dtype=np.uint64)
+    pairs = Pairs(ids, fps, k, design)
+    place: dict[tuple[int, str], tuple[int, int]] = {}  # (group, id) -> (shard, position)
+    for (shard, g), chain in chains.items():
+        for n, i in enumerate(chain):
+            place.setdefault((g, i), (shard, n))
+    counts: Counter = Counter()
+    examples: list[str] = []
+    for i in ids:
+        best = None
+        for q, (dist, g) in pairs.near.get(i, {}).items():
+            a, b = place.get((g, q)), place.get((g, i))
+            if a is None or b is None:
+                counts["bug_not_in_changelog"] += 1
+                continue
+            if a[0] != b[0]:
+                counts["bug_pair_in_two_shards"] += 1  # both pages must probe the same shard
+                continue
+            if a[1] < b[1] and (best is None or (dist, g, a[1]) < best[:3]):
+                best = (dist, g, a[1], q)
+        want = ("unique", None, None) if best is None else ("near_duplicate", best[3], best[0])
+        got = (st[i]["verdict"], st[i]["match_id"], st[i]["distance"])
+        if got == want:
+            counts["as_the_rule_on_its_store_order"] += 1
+        else:
+            counts["bug_not_the_rule"] += 1
+            if len(examples) < 8:
+                examples.append(f"{i}: worker {got}, rule on its store order {want}")
+    # one global order consistent with every store's order and every input partition's offset order?
+    after: dict[str, set[str]] = defaultdict(set)
+    indegree: Counter = Counter({i: 0 for i in ids})
+    by_partition: dict[int, list[dict]] = defaultdict(list)
+    for v in stream:
+        by_partition[v["partition"]].append(v)
+    in_partitions = [[v["id"] for v in sorted(vs, key=lambda v: v["offset"])] for vs in by_partition.values()]
+    for chain in [*chains.values(), *in_partitions]:
+        for x, y in zip(chain, chain[1:]):
+            if y not in after[x]:
+                after[x].add(y)
+                indegree[y] += 1
+    ready = [i for i in ids if indegree[i] == 0]
+    order: list[str] = []
+    while ready:
+        x = ready.pop()
+        order.append(x)
+        for y in after[x]:
+            indegree[y] -= 1
+            if indegree[y] == 0:
+                ready.append(y)
+    return {
+        "counts": dict(counts),
+        "examples": examples,
+        "global_order": order if len(order) == len(ids) else None,
+        "in_no_global_order": len(ids) - len(order),
+    }
+
+
 def pair_violations(pairs: Pairs, verdicts: dict[str, dict], before, check_order: bool = False):
     """The pair property on what the verdicts show (module doc); ``before(a, b)``: a is known to
     have been stored before b.  Returns (counts, examples)."""
@@ -278,6 +356,28 @@ def print_report(name: str, r: dict) -> None:
     print(f"   pair property, scan (checks the checker): {sum(r['scan_pair_violations'].values())} violations")
 
 
+def print_replay(rr: dict, same_order: dict | None) -> None:
+    c = rr["counts"]
+    bugs = {k: v for k, v in c.items() if k.startswith("bug_")}
+    print(
+        f"   the rule on the worker's own store order (its shard changelog): "
+        f"{c.get('as_the_rule_on_its_store_order', 0)} pages as the rule says, bugs {bugs or 0}"
+    )
+    for e in rr["examples"][:6]:
+        print(f"      {e}")
+    if rr["global_order"] is None:
+        print(f"   no single order fits every store ({rr['in_no_global_order']} pages in or after cycles)")
+    elif same_order is None:
+        print("   one order fits every store")
+    else:
+        differ = sum(v for k, v in same_order["counts"].items() if k != "same")
+        print(f"   one order fits every store; scan on it differs from the worker on {differ} pages")
+
+
+def changelog_path(stream_path: Path) -> Path:
+    return stream_path.with_name(stream_path.name.replace("stream-", "changelog-"))
+
+
 def failed(r: dict) -> bool:
     return (
         any(c.startswith("bug_") for c in r["counts"]) or bool(r["pair_violations"]) or bool(r["scan_pair_violations"])
@@ -296,7 +396,9 @@ def scan_file(records: list[dict], path: Path) -> None:
 
 
 def stream_file(kafka, records: list[dict], partitions: int, workers: int, workdir: Path, path: Path, timeout: float):
-    from stream_harness import StreamTopics, WorkerProcess, produce, wait_for_group, wait_for_verdicts
+    from stream_harness import StreamTopics, WorkerProcess, produce, read_to_end, wait_for_group, wait_for_verdicts
+
+    from streamdedup.pipeline.wire import CHANGELOG, decode
 
     topics = StreamTopics.fresh(kafka, partitions)
     ws = [WorkerProcess(kafka, topics, workdir / topics.app_id, name=f"w{i}") for i in range(workers)]
@@ -319,6 +421,12 @@ def stream_file(kafka, records: list[dict], partitions: int, workers: int, workd
     # pages judged out of offset order: records faust did not deliver, read again later (app.py _fill_holes)
     holes = sum(w.log_path.read_text("utf-8", "replace").count("were not delivered") for w in ws)
     rebalances = sum(w.log_path.read_text("utf-8", "replace").count("[^---Recovery]: Worker ready") for w in ws)
+    changelog = read_to_end(kafka, [f"{topics.app_id}-shards-changelog"])
+    with changelog_path(path).open("w", encoding="utf-8") as f:
+        for m in sorted((m for ms in changelog.values() for m in ms), key=lambda m: (m.partition, m.offset)):
+            rows = decode([m.value], CHANGELOG)
+            for g, fp, i in zip(rows.group.tolist(), rows.fps.tolist(), rows.ids()):
+                f.write(json.dumps({"shard": m.partition, "group": g, "id": i, "fp": f"{fp:016x}"}) + "\n")
     got = [v for vs in out["verdicts"].values() for v in vs]
     got.sort(key=lambda v: (v["partition"], v["offset"]))
     path.write_text("".join(json.dumps(v, ensure_ascii=False) + "\n" for v in got), encoding="utf-8")
@@ -358,8 +466,20 @@ def run(args) -> int:
                     f"holes read again: {holes}, assignments: {rebalances})",
                     r,
                 )
-                summary.append((p, i, r["counts"], sum(r["pair_violations"].values()), holes, before))
-                bad |= failed(r)
+                rr = replay(read_verdicts(path), read_store_order(changelog_path(path)), args.k, args.design)
+                same_order = None  # scan on an order consistent with every store of the worker
+                if rr["global_order"] is not None:
+                    by_id = {r["id"]: r for r in records}
+                    ordered = args.out / f"scan-as-p{p}-r{i}.jsonl"
+                    scan_file([by_id[x] for x in rr["global_order"]], ordered)
+                    same_order = compare(read_verdicts(path), read_verdicts(ordered), args.k, args.design)
+                print_replay(rr, same_order)
+                rule_bugs = sum(v for c, v in rr["counts"].items() if c.startswith("bug_"))
+                as_scan = "n/a" if same_order is None else same_order["counts"].get("same", 0)
+                summary.append(
+                    (p, i, r["counts"], sum(r["pair_violations"].values()), holes, before, rule_bugs, as_scan)
+                )
+                bad |= failed(r) or rule_bugs > 0 or (same_order is not None and failed(same_order))
                 sys.stdout.flush()
     finally:
         kafka.stop()
@@ -368,16 +488,17 @@ def run(args) -> int:
     print(
         "| partitions | run | differ | "
         + " | ".join(ALLOWED)
-        + " | bugs | pair violations | holes | load (1/5/15 min) |"
+        + " | bugs | pair violations | not the rule on its store order | = scan on its store order | holes"
+        + " | load (1/5/15 min) |"
     )
-    print("|---|---|---|" + "---|" * len(ALLOWED) + "---|---|---|---|")
-    for p, i, c, pv, holes, load in summary:
+    print("|---|---|---|" + "---|" * len(ALLOWED) + "---|---|---|---|---|---|")
+    for p, i, c, pv, holes, load, rule_bugs, as_scan in summary:
         differ = sum(v for k, v in c.items() if k != "same")
         bugs = sum(v for k, v in c.items() if k.startswith("bug_"))
         print(
             f"| {p} | {i + 1} | {differ} | "
             + " | ".join(str(c.get(a, 0)) for a in ALLOWED)
-            + f" | {bugs} | {pv} | {holes} | {load} |"
+            + f" | {bugs} | {pv} | {rule_bugs} | {as_scan} of {len(records)} | {holes} | {load} |"
         )
     return 1 if bad else 0
 
@@ -388,6 +509,7 @@ def main() -> int:
     c = sub.add_parser("compare", help="classify the differences between two verdict files")
     c.add_argument("stream", type=Path, help="the worker's verdict records (with partition and offset)")
     c.add_argument("scan", type=Path, help="scan's verdicts; line order = the arrival order")
+    c.add_argument("--changelog", type=Path, help="the worker's store order (run writes changelog-*.jsonl)")
     r = sub.add_parser("run", help="broker + worker on corpus pages, then compare")
     r.add_argument("--corpus", type=Path, default=ROOT / "bench/data/corpus.jsonl")
     r.add_argument("--pages", type=int, default=3000)
@@ -403,7 +525,12 @@ def main() -> int:
     if args.cmd == "compare":
         res = compare(read_verdicts(args.stream), read_verdicts(args.scan), args.k, args.design)
         print_report(str(args.stream), res)
-        return 1 if failed(res) else 0
+        bad = failed(res)
+        if args.changelog is not None:
+            rr = replay(read_verdicts(args.stream), read_store_order(args.changelog), args.k, args.design)
+            print_replay(rr, None)
+            bad |= any(c.startswith("bug_") for c in rr["counts"])
+        return 1 if bad else 0
     return run(args)
 
 
