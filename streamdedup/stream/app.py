@@ -606,7 +606,7 @@ class Worker:
                 log.info(
                     "partition %d: %d records read again (%s)", partition, len(found), _spans([r.offset for r in found])
                 )
-                self._kick()
+            self._kick(partial=True)  # the records read, and those held behind the hole if it is closed now
             self.outbox.schedule(partition)
 
     def _drained(self, task: asyncio.Task) -> None:
