@@ -1,6 +1,7 @@
 """The worker's verdicts against ``scan``'s on the same arrival order, page by page (issue 9).
 
     python bench/stream_vs_scan.py run --pages 3000 --partitions 1 4 --runs 3   # broker + worker, then compare
+    python bench/stream_vs_scan.py run --partitions 4 --workers 2 --kill        # one worker SIGKILLed mid-stream
     python bench/stream_vs_scan.py compare STREAM.jsonl SCAN.jsonl              # two verdict files
 
 ``run`` starts a private local broker (tests/kafka_broker.py), judges the first ``--pages``
@@ -395,7 +396,9 @@ def scan_file(records: list[dict], path: Path) -> None:
     path.write_text(out.getvalue(), encoding="utf-8")
 
 
-def stream_file(kafka, records: list[dict], partitions: int, workers: int, workdir: Path, path: Path, timeout: float):
+def stream_file(
+    kafka, records: list[dict], partitions: int, workers: int, workdir: Path, path: Path, timeout: float, kill: bool
+):
     from stream_harness import StreamTopics, WorkerProcess, produce, read_to_end, wait_for_group, wait_for_verdicts
 
     from streamdedup.pipeline.wire import CHANGELOG, decode
@@ -414,6 +417,10 @@ def stream_file(kafka, records: list[dict], partitions: int, workers: int, workd
         finally:
             for w in ws:
                 w.proc.send_signal(signal.SIGCONT)
+        if kill:  # SIGKILL the first worker once a tenth of the verdicts are in, and start it again
+            wait_for_verdicts(kafka, topics, len(records) // 10, timeout=timeout, to_end=False)
+            ws[0].kill()
+            ws[0].start(timeout=120)
         out = wait_for_verdicts(kafka, topics, len(records), timeout=timeout)
     finally:
         for w in ws:
@@ -458,11 +465,11 @@ def run(args) -> int:
                 path = args.out / f"stream-p{p}-r{i}.jsonl"
                 before = load_avg()
                 t0 = time.monotonic()
-                holes, rebalances = stream_file(kafka, records, p, args.workers, workdir, path, args.timeout)
+                holes, rebalances = stream_file(kafka, records, p, args.workers, workdir, path, args.timeout, args.kill)
                 took = time.monotonic() - t0
                 r = compare(read_verdicts(path), read_verdicts(scan_path), args.k, args.design)
                 print_report(
-                    f"{p} partition(s), run {i + 1}, {args.workers} worker(s) ({took:.0f} s, load {before} -> {load_avg()}; "
+                    f"{p} partition(s), run {i + 1}, {args.workers} worker(s){' (one SIGKILLed)' if args.kill else ''} ({took:.0f} s, load {before} -> {load_avg()}; "
                     f"holes read again: {holes}, assignments: {rebalances})",
                     r,
                 )
@@ -484,7 +491,7 @@ def run(args) -> int:
     finally:
         kafka.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-    print(f"\n{args.workers} worker(s), {len(records)} pages")
+    print(f"\n{args.workers} worker(s){', one SIGKILLed mid-stream' if args.kill else ''}, {len(records)} pages")
     print(
         "| partitions | run | differ | "
         + " | ".join(ALLOWED)
@@ -516,6 +523,7 @@ def main() -> int:
     r.add_argument("--partitions", type=int, nargs="+", default=[1, 4])
     r.add_argument("--workers", type=int, default=1)
     r.add_argument("--runs", type=int, default=3)
+    r.add_argument("--kill", action="store_true", help="SIGKILL the first worker mid-stream and restart it")
     r.add_argument("--timeout", type=float, default=900.0)
     r.add_argument("--out", type=Path, default=ROOT / "bench/out/vs")
     for q in (c, r):
