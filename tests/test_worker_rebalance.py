@@ -270,3 +270,33 @@ def test_records_after_a_hole_wait_for_it_and_are_judged_in_offset_order(assigne
         assert order == [(1, o) for o in range(6)]
 
     asyncio.run(scenario())
+
+
+def test_records_delivered_before_the_committed_offset_is_known_wait_for_it(worker, monkeypatch):
+    """faust hands out records of a new assignment before the worker has read where its commits
+    start: a record it skipped among them shows as a hole only then, and the records after it
+    must not be judged before it."""
+    monkeypatch.setattr(app_module, "HOLE_RECHECK_SECONDS", 0.0)
+    worker.outbox.assign({0, 1})
+    worker.outbox.read_range, reads = reader(1, set(range(10)))
+    order: list[int] = []
+    add_page = worker.pending.add_page
+
+    def registered(partition: int, offset: int, **kwargs):
+        order.append(offset)
+        return add_page(partition, offset, **kwargs)
+
+    worker.pending.add_page = registered  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        deliver(worker, 1, [0, 1, 3, 4])  # 2 skipped, and the committed offset not known yet
+        await asyncio.sleep(0.05)
+        assert order == []  # held
+        worker.outbox.start(1, 0)  # what _seek_uncommitted does once it is read
+        worker._watch_holes(1)
+        worker._kick(partial=True)
+        await until(lambda: waiting_offsets(worker, 1) == list(range(5)), "2 read and all judged", worker=worker)
+        assert order == list(range(5))
+        assert reads == [(1, 2, 2)]
+
+    asyncio.run(scenario())

@@ -340,6 +340,7 @@ class Worker:
                 self.outbox.start(p, offset)
                 self.outbox.schedule(p)  # records judged before it was known may be ready
                 self._watch_holes(p)
+        self._kick(partial=True)  # the records that waited for it
 
     async def _read_starts(self, partitions: list[int], generation: int) -> dict[int, int]:
         """The committed offsets, read again until it works (the outbox commits nothing of a
@@ -476,8 +477,15 @@ class Worker:
         shard and answers stages get the event loop).  Never blocks."""
         size = self.settings.batch_size
         # a record after a hole waits for the hole's records: pages are stored in offset order (the
-        # order rule; with one partition the verdicts are scan's), also when faust skipped one
-        holes = {p: h[0] for p, o in self.outbox.offsets.items() if (h := o.hole()) is not None}
+        # order rule; with one partition the verdicts are scan's), also when faust skipped one.  An
+        # owned partition's records wait until its committed offset is known (a hole shows only then)
+        holes: dict[int, int] = {}  # partition -> the first offset not to take yet
+        for p, o in self.outbox.offsets.items():
+            if not o.known:
+                if p in self.outbox.owned:
+                    holes[p] = -1
+            elif (h := o.hole()) is not None:
+                holes[p] = h[0]
         while self._fillers and self._in_flight < 2:  # whatever is waiting: they hold back the commits
             events, self._fillers = _before_holes(self._fillers, size, holes)
             if not events:
