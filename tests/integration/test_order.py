@@ -161,8 +161,7 @@ def test_pairs_split_across_partitions_survive_a_sigkill(kafka, tmp_path):
 
 def test_one_partition_a_record_read_late_keeps_its_place_and_equals_scan(kafka, tmp_path):
     """One partition, and the consumer does not deliver a page at first (faust can drop a record
-    after a pause/seek/resume or recovery's seek: docs/faust-notes.md §10); the worker reads it
-    again later.  The page near it later in the partition must still find it: the pages stay
+    after a pause/seek/resume or recovery's seek: docs/faust-notes.md §10); it comes back later.  The page near it later in the partition must still find it: the pages stay
     stored in offset order, and the verdicts equal ``scan``'s on the partition's order."""
     records, pairs = planted(seed=31, n_pairs=6, n_alone=4)
     paired = {u for pair in pairs for u in pair}
@@ -174,8 +173,9 @@ def test_one_partition_a_record_read_late_keeps_its_place_and_equals_scan(kafka,
         produce(kafka, topics.pages, records)
         out = wait_for_verdicts(kafka, topics, len(records), timeout=120)
         log = worker.log_path.read_text()
+    # it comes back later: read by the worker (its hole read), or by faust itself when the first
+    # seek of the assignment lands after the skip
     assert f"dropping pages offset {skip} of partition 0" in log, log[-3000:]
-    assert f"1 records read again ({skip})" in log, log[-3000:]
     judged = judged_once(out, records)
     exactly_one_of_each_pair(judged, pairs)
     assert judged[first][0] == "unique" and judged[twin][1] == first
