@@ -5,8 +5,9 @@ crawl through them — then what a crawl operator wants to see.
 2. starts ``streamdedup worker`` against it;
 3. sends deploy/sample/crawl.warc.gz (the Flask documentation across versions, with injected
    adverts, counters, timestamps, navigation and markup-only changes) with ``streamdedup produce``;
-4. reads every verdict back, prints the counts by verdict, a few near-duplicates with the page
-   each one repeats, and one synchronous ``POST /check``;
+4. reads every verdict back, prints the counts by verdict, compares every page's verdict with
+   ``streamdedup scan``'s on the same file, shows a few near-duplicates with the page each one
+   repeats, and one synchronous ``POST /check``;
 5. stops the worker and the broker (``--keep``, or ``make demo KEEP=1``: leaves them running, to
    look at /metrics and read the topics; the metrics URL is printed only then, while it answers).
 """
@@ -59,6 +60,12 @@ def wait_for(cond, timeout: float, what: str, log: Path | None = None) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--keep", action="store_true", help="leave the broker and the worker running")
+    p.add_argument(
+        "--partitions",
+        type=int,
+        default=1,
+        help="input partitions (default 1: the verdicts equal scan's on the file, page for page)",
+    )
     args = p.parse_args()
     RUN.mkdir(exist_ok=True)
     kafka_port, controller_port, sasl_port, ssl_port, sasl_ssl_port, expired_port, web_port = free_ports(7)
@@ -76,7 +83,12 @@ def main() -> int:
     sd_env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMDEDUP_")}
     sd_env.update(
         STREAMDEDUP_BROKERS=bootstrap,
-        STREAMDEDUP_PARTITIONS="4",
+        # One input partition (the default): the worker then stores the pages in the file's order, and its
+        # verdicts equal scan's on the file page for page, every run (streamdedup/engine/order.py).
+        # With several partitions the worker interleaves them in an order of Kafka's choosing;
+        # each pair is still decided once, but which page of a pair wins, and so the counts, can
+        # differ from scan's on the file's order (bench/README.md, "Stream against scan").
+        STREAMDEDUP_PARTITIONS=str(args.partitions),
         STREAMDEDUP_WEB_PORT=str(web_port),
         STREAMDEDUP_DATA_DIR=str(RUN / "worker-data"),
     )
@@ -158,11 +170,17 @@ def summarize(verdicts: list[dict]) -> None:
         f"\n{len(verdicts)} pages: {counts['unique']} unique, {counts['near_duplicate']} near-duplicates "
         f"({counts['near_duplicate'] / len(verdicts):.0%})"
     )
-    in_scan = scan_counts()
-    same = "the same" if in_scan["unique"] == counts["unique"] else "NOT the same"
+    in_scan = scan_verdicts()
+    scan_counts = Counter(v["verdict"] for v in in_scan.values())
+    differ = [v["id"] for v in verdicts if v["id"] not in in_scan or judged(v) != judged(in_scan[v["id"]])]
+    same = "the same" if scan_counts["unique"] == counts["unique"] else "NOT the same"
     print(
-        f"`streamdedup scan` of the same file: {in_scan['unique']} unique, {in_scan['near_duplicate']} near-duplicates ({same})"
+        f"`streamdedup scan` of the same file, in its order: {scan_counts['unique']} unique, "
+        f"{scan_counts['near_duplicate']} near-duplicates ({same}); "
+        + ("the same verdict and match for every page" if not differ else f"{len(differ)} pages judged otherwise")
     )
+    for page in differ[:5]:
+        print(f"  differs: {page}")
     dups = [v for v in verdicts if v["verdict"] == "near_duplicate"]
     shown = [v for v in dups if "?variant=" in v["url"]][:4] + [v for v in dups if "?variant=" not in v["url"]][:3]
     apart = [v for v in dups if v["distance"]][:2]  # and a couple that are not exact copies, if any
@@ -172,15 +190,21 @@ def summarize(verdicts: list[dict]) -> None:
         print(f"  {v['url']}\n      = {v['match_url']}  ({bits_apart(v['distance'])})")
 
 
-def scan_counts() -> Counter:
-    """Verdicts of the embedded engine (``streamdedup scan``) over the sample crawl, in file order."""
+def judged(v: dict) -> tuple:
+    return v["verdict"], v["match_id"], v["distance"]
+
+
+def scan_verdicts() -> dict[str, dict]:
+    """Verdicts of the embedded engine (``streamdedup scan``) over the sample crawl, in file order, by page id."""
     import io
 
     from streamdedup.engine.dedup import Deduplicator
     from streamdedup.engine.records import read_pages
     from streamdedup.engine.scan import scan_pages
 
-    return Counter(scan_pages(read_pages(CRAWL), Deduplicator("simhash", k=3), io.StringIO()).verdicts)
+    out = io.StringIO()
+    scan_pages(read_pages(CRAWL), Deduplicator("simhash", k=3), out)
+    return {v["id"]: v for v in map(json.loads, out.getvalue().splitlines())}
 
 
 def bits_apart(distance: int) -> str:

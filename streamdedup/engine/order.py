@@ -23,7 +23,8 @@ the number of workers; in particular neither a pair is lost nor are both flagged
 In ``scan`` there is one store and the arrival order is the input order, so "stored before"
 is "earlier in the input" and the canonical group only breaks ties between equally near
 candidates.  The worker with one input partition stores pages in offset order in every
-shard, so it gives ``scan``'s verdicts on the same order.  With several partitions the
+shard (a record the consumer skipped and the worker reads again later is judged before the
+records behind it, which wait for it), so it gives ``scan``'s verdicts on the same order.  With several partitions the
 stores of different groups may see concurrent pages in different orders: each pair is still
 decided once, by its canonical group, but "stored before" is then not one global order.
 
