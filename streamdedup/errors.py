@@ -19,7 +19,16 @@
 
 from __future__ import annotations
 
-__all__ = ["StreamdedupError", "RecordError", "SettingsError", "ClientError", "TopicError", "SchemeError", "PlanError", "REASONS"]
+__all__ = [
+    "StreamdedupError",
+    "RecordError",
+    "SettingsError",
+    "ClientError",
+    "TopicError",
+    "SchemeError",
+    "PlanError",
+    "REASONS",
+]
 
 #: Every reason a record can be rejected for (a metric label and a dead-letter header value).
 #: ``empty``, ``binary``, ``not_text`` and ``unparsable`` come from the text extractor,
