@@ -9,14 +9,11 @@ page (``wait_for_verdicts``), so a second or late verdict would be seen.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
+from pairs import exactly_one_of_each_pair, judged_once, scan_verdicts, split
 from stream_harness import StreamTopics, WorkerProcess, page_record, produce, wait_for_group, wait_for_verdicts
 
-from streamdedup.engine.dedup import Deduplicator
-from streamdedup.engine.records import page_from_json, page_text
 from streamdedup.pipeline.intake import fingerprint_contents
 from streamdedup.stream.app import FAULT_ENV
 
@@ -61,31 +58,6 @@ def planted(seed: int, n_pairs: int, n_alone: int) -> tuple[list[dict], list[tup
     return records, near
 
 
-def scan_verdicts(records: list[dict]) -> dict[str, tuple]:
-    pages = [page_from_json(json.dumps(r).encode()) for r in records]
-    got = Deduplicator("simhash", k=3).process(
-        [p.id for p in pages], [p.url for p in pages], [page_text(p) for p in pages]
-    )
-    return {v.id: (v.verdict, v.match_id, v.distance) for v in got}
-
-
-def judged_once(out: dict, records: list[dict]) -> dict[str, tuple]:
-    """Page id -> (verdict, match id, distance), checking one verdict per page and one output each."""
-    assert sorted(out["verdicts"]) == sorted(r["url"] for r in records), "a page has no verdict"
-    assert all(len(v) == 1 for v in out["verdicts"].values()), "a page got two verdicts"
-    assert len(out["unique"]) + len(out["near"]) == len(records)
-    return {k: (v[0]["verdict"], v[0]["match_id"], v[0]["distance"]) for k, v in out["verdicts"].items()}
-
-
-def exactly_one_of_each_pair(judged: dict[str, tuple], pairs: list[tuple[str, str]]) -> None:
-    paired = {u for pair in pairs for u in pair}
-    for a, b in pairs:
-        flagged = [(x, judged[x][1]) for x in (a, b) if judged[x][0] == "near_duplicate"]
-        assert len(flagged) == 1, f"pair {a} / {b}: {judged[a]} and {judged[b]}"
-        assert flagged[0] in ((a, b), (b, a))  # flagged against its twin
-    assert all(v[0] == "unique" for k, v in judged.items() if k not in paired)
-
-
 def test_a_wave_in_reverse_fetched_at_order_loses_no_pair_and_equals_scan(kafka, tmp_path):
     """One partition: pairs arrive newer page first (a backfill, an older WARC produced after a
     newer one).  The first stored wins: the older page, arriving second, is the one flagged."""
@@ -99,17 +71,6 @@ def test_a_wave_in_reverse_fetched_at_order_loses_no_pair_and_equals_scan(kafka,
     assert judged == scan_verdicts(records)
     for a, b in pairs:  # produced newest first: the later fetch is the original
         assert judged[a][0] == "unique" and judged[b][1] == a
-
-
-def split(records: list[dict], pairs: list[tuple[str, str]], n: int = 4) -> list[int]:
-    """A partition for each record: a pair's second page goes to the partition after its first's."""
-    other = {a: b for a, b in pairs} | {b: a for a, b in pairs}
-    slot = {r["url"]: i for i, r in enumerate(records)}
-    partitions: list[int] = []
-    for i, r in enumerate(records):
-        twin = other.get(r["url"])
-        partitions.append((partitions[slot[twin]] + 1) % n if twin is not None and slot[twin] < i else i % n)
-    return partitions
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3])
