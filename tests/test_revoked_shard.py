@@ -30,7 +30,7 @@ from streamdedup.pipeline.intake import id_hash
 from streamdedup.pipeline.wire import ANSWERS, CHANGELOG, PROBES, Batch, decode, encode
 from streamdedup.settings import Settings
 from streamdedup.stream.app import Worker
-from streamdedup.stream.store import ShardStore
+from streamdedup.stream.store import NotAssigned, ShardStore
 
 INPUT = 1  # the pages partition whose pages wait for the answers
 
@@ -231,3 +231,25 @@ def test_batches_for_the_shards_this_worker_owns_are_stored_and_answered(worker,
     assert answer_to(cluster, 11) == (-1, "")
     assert answer_to(cluster, 13) == (1, first[1])
     assert worker.store.offsets[SHARD] == len(cluster.changelog[SHARD]) - 1 == 1
+
+
+def test_no_shard_is_made_for_a_partition_not_assigned_here(worker, cluster, monkeypatch):
+    """The store's own guard, whatever calls it: no empty shard for a partition held neither
+    active nor standby, and changelog records of such a partition (a replay still running
+    when it moved) are not restored into one."""
+    plan, other = worker.plan, 1 - SHARD
+    stored = page(1, SHARD, plan)
+    cluster.append(SHARD, encode(rows(*stored), CHANGELOG))
+
+    async def scenario() -> None:
+        await assign(worker, cluster, monkeypatch, active={other})
+
+    asyncio.run(scenario())
+    store = worker.store
+    with pytest.raises(NotAssigned):
+        store.shard(SHARD)
+    store.apply_changelog_batch([Event(Message(SHARD, 0, cluster.changelog[SHARD][0]))], None, None)
+    assert SHARD not in store.shards and SHARD not in store.offsets
+    assert not store.serves(SHARD) and store.serves(other)
+    worker.app.on_rebalance_start()  # a rebalance begins: nothing is served until its assignment
+    assert not store.serves(other)
