@@ -734,6 +734,10 @@ class Worker:
 
     # ------------------------------------------------------------------ stage 2: shards
     async def on_probes(self, events: list) -> None:
+        if late := sorted({e.message.partition for e in events if not self.store.serves(e.message.partition)}):
+            # taken before a rebalance moved them: left to the owner (their pages are read again)
+            log.info("shard stage: probes for shard partitions %s not served here since a rebalance; left", late)
+            events = [e for e in events if e.message.partition not in late]
         if self.faults:
             probes = [e.value for e in events if kind_of(e.value) == PROBES]
             self.faults.check("shard", decode(probes, PROBES).ids() if probes else [])

@@ -12,6 +12,13 @@ the same fingerprint scheme, and an offset the changelog has reached.  One that 
 topics were recreated empty, the snapshot was written by another scheme) is discarded with a
 warning and the shard is rebuilt from the changelog.  A changelog record of another fingerprint
 scheme stops the worker with a message that says what to do: two schemes never share an index.
+
+A shard's offset is a promise: the shard holds every changelog record up to it.  The store keeps
+it by creating and writing shards only where it may (docs/faust-notes.md §12): recovery fills the
+shards of the changelog partitions assigned here (active or standby), and the shard stage stores
+probes only into the shards :meth:`ShardStore.serves` (active here, no rebalance begun since).  A
+shard batch faust hands over late, after its partition moved, is left alone: its pages never got
+their answers, so they are read again from the pages topic and their probes go to the new owner.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from streamdedup.fingerprinting import SCHEME as FINGERPRINT_SCHEME
 from streamdedup.pipeline.shard import Plan, Shard
 from streamdedup.pipeline.wire import CHANGELOG, decode
 
-__all__ = ["ShardStore", "SCHEME", "snapshot_meta", "stale_snapshot", "load_snapshot"]
+__all__ = ["ShardStore", "NotAssigned", "SCHEME", "snapshot_meta", "stale_snapshot", "load_snapshot"]
 
 SCHEME = "sdshard"  # the faust store URL scheme (not the fingerprint scheme)
 END_OFFSETS_TIMEOUT = 5.0  # seconds a rebalance waits for the changelog's end offsets
@@ -105,6 +112,10 @@ def load_snapshot(
     return shard, offset
 
 
+class NotAssigned(LookupError):
+    """A shard was asked for a partition this worker holds neither active nor standby."""
+
+
 class ShardStore(base.Store):
     """Configure with :meth:`configure` before the worker starts (faust builds the store)."""
 
@@ -118,6 +129,9 @@ class ShardStore(base.Store):
         self.offsets: dict[int, int] = {}  # partition -> last changelog offset the shard covers
         self.snapshot_at: dict[int, float] = {}
         self.ends: dict[int, int] = {}  # partition -> changelog end offset when it was assigned
+        self.assigned: set[int] = set()  # changelog partitions of the current assignment (active or standby)
+        self.active: set[int] = set()  # those this worker owns: their probes come here
+        self._rebalance: int | None = None  # faust's rebalance count when the assignment came
         self._crashing: asyncio.Future | None = None
 
     @classmethod
@@ -131,16 +145,33 @@ class ShardStore(base.Store):
         cls.plan, cls.data_dir, cls.on_restored, cls.on_recovered = plan, data_dir, on_restored, on_recovered
 
     # -------------------------------------------------------------- the index
+    def serves(self, partition: int) -> bool:
+        """Whether the shard stage may store and answer probes of ``partition`` here: it is active
+        in this worker's assignment, and no rebalance has begun since that assignment (faust
+        counts one at each revocation, before any callback).  A probes batch taken before a
+        rebalance and handed over after it is not served (docs/faust-notes.md §12)."""
+        return partition in self.active and self._rebalance == getattr(self.app, "rebalancing_count", None)
+
     def shard(self, partition: int) -> Shard:
+        """The shard of ``partition``, created empty if it has none yet: only for a partition of
+        the current assignment, where recovery fills it from the changelog or it is served."""
         s = self.shards.get(partition)
         if s is None:
+            if partition not in self.assigned:
+                raise NotAssigned(f"shard partition {partition} is not assigned to this worker")
             s = self.shards[partition] = Shard(self.plan, self._strings_prefix(partition))
             self.snapshot_at[partition] = time.monotonic()
         return s
 
     def covered(self, partition: int, offset: int) -> None:
-        """The shard now holds everything up to changelog ``offset`` (after a write was acked)."""
-        self.offsets[partition] = max(offset, self.offsets.get(partition, -1))
+        """The shard now holds everything up to changelog ``offset`` (after its own write was acked).
+
+        Only for a partition still served: a write acked after a rebalance began is not recorded
+        (its partition may have moved, and other owners' records may lie below it).  Recording
+        less than the shard holds costs a replay of records it has (stored twice, harmless);
+        recording more would skip records it lacks."""
+        if self.serves(partition) and partition in self.shards:
+            self.offsets[partition] = max(offset, self.offsets.get(partition, -1))
 
     # -------------------------------------------------------------- snapshots
     def _snapshot_path(self, partition: int) -> Path | None:
@@ -217,6 +248,9 @@ class ShardStore(base.Store):
         for event in batch:
             by_partition[event.message.partition].append(event.message)
         for partition, messages in by_partition.items():
+            if partition not in self.assigned:  # (not seen; a shard here would claim their offsets)
+                log.info("changelog records of partition %d, not assigned here now, not restored", partition)
+                continue
             try:
                 rows = decode([m.value for m in messages if m.value], CHANGELOG)
             except SchemeError as e:
@@ -227,7 +261,7 @@ class ShardStore(base.Store):
             except PlanError as e:
                 self._refuse_plan(partition, e)
                 raise
-            self.covered(partition, messages[-1].offset)
+            self.offsets[partition] = max(messages[-1].offset, self.offsets.get(partition, -1))
             if self.on_restored is not None:
                 self.on_restored(partition, len(messages))
 
@@ -264,6 +298,11 @@ class ShardStore(base.Store):
         topic = self._changelog()
         mine = {tp for tp in assigned if tp.topic == topic}
         keep = {tp.partition for tp in mine}
+        # Before anything else: from here on only this assignment's partitions get shards, and
+        # only its active ones serve probes (faust's recovery reads the same assignor afterwards).
+        self.assigned = keep
+        self.active = {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == topic}
+        self._rebalance = getattr(self.app, "rebalancing_count", None)
         for partition in [p for p in self.shards if p not in keep]:
             self.snapshot(partition)  # it may come back: a later recovery replays only the tail
             self.shards.pop(partition).close()

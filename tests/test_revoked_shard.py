@@ -1,0 +1,255 @@
+"""A shard batch that arrives after its shard partition moved away (issue 11; docs/faust-notes.md §12).
+
+faust hands the shard agent probes that it took before a rebalance: the ``take_events`` buffer
+is filled before the revocation and yielded up to ``within`` seconds later, and a failed batch is
+retried after a back-off.  Such a *late* batch used to reach ``ShardStore.shard(partition)`` for a
+partition the store had dropped at the assignment: a new, EMPTY shard was created, the batch's
+pages stored in it, a changelog record written, and ``covered()`` recorded that record's offset.
+When the partition came back to this worker, the store trusted that offset (the shard still in
+memory, or its snapshot written at the next rebalance) and recovery replayed only the changelog
+after it: every page stored before was gone from the index, and its copies were judged unique.
+
+These tests drive a Worker's shard stage (``Worker.on_probes``, the production path) and its
+store through faust's rebalance and recovery calls, with the changelog and the answers topic
+stubbed.  faust's recovery is played by :func:`recover`: the store's ``persisted_offset``, then
+``apply_changelog_batch`` with the changelog records after it, as faust's Recovery does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from faust.types import TP
+from prometheus_client import CollectorRegistry
+
+from streamdedup.pipeline.intake import id_hash
+from streamdedup.pipeline.wire import ANSWERS, CHANGELOG, PROBES, Batch, decode, encode
+from streamdedup.settings import Settings
+from streamdedup.stream.app import Worker
+from streamdedup.stream.store import NotAssigned, ShardStore
+
+INPUT = 1  # the pages partition whose pages wait for the answers
+
+
+@dataclass
+class Message:
+    partition: int
+    offset: int
+    value: bytes
+
+
+@dataclass
+class Event:
+    message: Message
+
+    @property
+    def value(self) -> bytes:
+        return self.message.value
+
+
+@dataclass
+class Cluster:
+    """The shard changelog (one list of records per partition) and the answers sent."""
+
+    changelog: dict[int, list[bytes]] = field(default_factory=dict)
+    answers: list[Batch] = field(default_factory=list)
+
+    def append(self, partition: int, value: bytes) -> int:
+        records = self.changelog.setdefault(partition, [])
+        records.append(value)
+        return len(records) - 1
+
+    async def send_changelog(self, partition: int, key: bytes, value: bytes, **kwargs) -> SimpleNamespace:
+        return SimpleNamespace(offset=self.append(partition, value))  # what the write's ack says
+
+    async def send_answers(self, value: bytes, partition: int) -> asyncio.Future:
+        self.answers.append(decode([value], ANSWERS))
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+    async def highwaters(self, *tps: TP) -> dict[TP, int]:
+        return {tp: len(self.changelog.get(tp.partition, [])) for tp in tps}
+
+
+@pytest.fixture
+def cluster() -> Cluster:
+    return Cluster()
+
+
+@pytest.fixture
+def worker(tmp_path, cluster, monkeypatch):
+    w = Worker(Settings(data_dir=tmp_path, fingerprint_processes=0, partitions=2), registry=CollectorRegistry())
+    monkeypatch.setattr(w.table, "send_changelog", cluster.send_changelog)
+    monkeypatch.setattr(w.answers_topic, "send", cluster.send_answers)
+    monkeypatch.setattr(w.app, "_consumer", SimpleNamespace(highwaters=cluster.highwaters))  # end offsets only
+    yield w
+    w.close()
+
+
+def page(n: int, shard: int, plan, near: np.uint64 | None = None) -> tuple[np.uint64, str]:
+    """A fingerprint whose group-0 probe goes to ``shard`` (``near``: one bit away from it)."""
+    if near is not None:
+        bit = next(b for b in range(64) if not int(plan.masks[0]) >> b & 1)  # outside group 0's bits:
+        fp = near ^ np.uint64(1 << bit)  # the two agree on group 0, whose probes go to the same shard
+        assert int(plan.probes(np.array([fp], dtype=np.uint64))[0, 0]) == shard
+        return fp, f"http://a.test/{n}"
+    rng = np.random.default_rng(n)
+    while True:
+        fp = rng.integers(0, 2**64 - 1, dtype=np.uint64, endpoint=True)
+        if int(plan.probes(np.array([fp], dtype=np.uint64))[0, 0]) == shard:
+            return fp, f"http://a.test/{n}"
+
+
+def rows(fp: np.uint64, url: str, request: int = 0) -> Batch:
+    return Batch.build(
+        group=[0],
+        fps=[fp],
+        fetched=[0],
+        id_hash=[id_hash(url)],
+        ids=[url],
+        urls=[url],
+        request=request,
+        partition=INPUT,
+    )
+
+
+def probes(shard: int, offset: int, fp: np.uint64, url: str, request: int) -> list[Event]:
+    return [Event(Message(shard, offset, encode(rows(fp, url, request), PROBES)))]
+
+
+async def assign(w: Worker, cluster: Cluster, monkeypatch, active: set[int], standby: set[int] = frozenset()) -> None:
+    """A rebalance as faust runs it on this worker: the revocation starts it, the assignment calls
+    the store's on_rebalance, and recovery replays each assigned changelog partition from the
+    offset the store says it covers (actives and standbys alike)."""
+    store, topic = w.store, w.store._changelog()
+    w.app.on_rebalance_start()  # faust's revoke listener, before anything else
+    before = {TP(topic, p) for p in store.shards}
+    assigned = {TP(topic, p) for p in active | standby}
+    monkeypatch.setattr(w.app.assignor, "assigned_actives", lambda: {TP(topic, p) for p in active})
+    await store.on_rebalance(assigned, before - assigned, assigned - before)
+    for tp in sorted(assigned):
+        await recover(store, cluster, tp)
+
+
+async def recover(store: ShardStore, cluster: Cluster, tp: TP) -> None:
+    start = store.persisted_offset(tp)
+    first = 0 if start is None else start + 1
+    records = cluster.changelog.get(tp.partition, [])[first:]
+    store.apply_changelog_batch(
+        [Event(Message(tp.partition, first + i, value)) for i, value in enumerate(records)], None, None
+    )
+
+
+def answer_to(cluster: Cluster, request: int) -> tuple[int, str]:
+    """(distance, match id) of the answer to ``request`` (distance -1: no match)."""
+    found = [
+        (int(d), i)
+        for b in cluster.answers
+        for r, d, i in zip(b.rows["request"], b.rows["distance"], b.ids())
+        if r == request
+    ]
+    assert len(found) == 1, f"request {request}: {found}"
+    return found[0]
+
+
+SHARD = 0
+
+
+@pytest.mark.parametrize("comes_back", ["at the next rebalance", "after another rebalance, from its snapshot"])
+def test_a_late_batch_for_a_revoked_shard_does_not_cost_the_pages_stored_before(
+    worker, cluster, monkeypatch, comes_back
+):
+    plan, other = worker.plan, 1 - SHARD
+    first, late, new_owners = page(1, SHARD, plan), page(2, SHARD, plan), page(3, SHARD, plan)
+    copy = page(4, SHARD, plan, near=first[0])
+
+    async def scenario() -> None:
+        await assign(worker, cluster, monkeypatch, active={SHARD, other})
+        await worker.on_probes(probes(SHARD, 0, *first, request=11))
+        assert answer_to(cluster, 11) == (-1, "")  # stored, unique
+        await assign(worker, cluster, monkeypatch, active={other})  # the shard partition moves away
+        cluster.append(SHARD, encode(rows(*new_owners), CHANGELOG))  # its new owner stores a page
+        # probes taken before that rebalance reach the shard stage only now
+        await worker.on_probes(probes(SHARD, 1, *late, request=12))
+        if comes_back != "at the next rebalance":
+            await assign(worker, cluster, monkeypatch, active={other})  # a snapshot of what it holds now
+        await assign(worker, cluster, monkeypatch, active={SHARD, other})  # and it comes back here
+        await worker.on_probes(probes(SHARD, 2, *copy, request=13))
+
+    asyncio.run(scenario())
+    # the page stored before the move is still in the index: its copy is a near-duplicate of it
+    assert answer_to(cluster, 13) == (1, first[1])
+    # the late batch was left to the partition's owner (its pages are read again, since their
+    # answers never reached them): no record of it in the changelog, no answer from here
+    assert [decode([v], CHANGELOG).ids() for v in cluster.changelog[SHARD]] == [[first[1]], [new_owners[1]], [copy[1]]]
+    assert not any(12 in b.rows["request"] for b in cluster.answers)
+
+
+def test_a_late_batch_for_a_shard_now_on_standby_here_does_not_move_its_replay_past_the_owners_records(
+    worker, cluster, monkeypatch
+):
+    """A standby shard holds what the changelog replay gave it, up to the offset it replayed: a
+    late batch stored into it claimed its own write's offset, and a failover then replayed the
+    changelog after that offset, skipping the new owner's records the standby had not read yet."""
+    plan, other = worker.plan, 1 - SHARD
+    first, late, new_owners = page(1, SHARD, plan), page(2, SHARD, plan), page(3, SHARD, plan)
+    copy = page(4, SHARD, plan, near=new_owners[0])
+
+    async def scenario() -> None:
+        await assign(worker, cluster, monkeypatch, active={SHARD, other})
+        await worker.on_probes(probes(SHARD, 0, *first, request=11))
+        await assign(worker, cluster, monkeypatch, active={other}, standby={SHARD})  # a standby here now
+        cluster.append(SHARD, encode(rows(*new_owners), CHANGELOG))  # the owner's write, not replayed here yet
+        await worker.on_probes(probes(SHARD, 1, *late, request=12))
+        await assign(worker, cluster, monkeypatch, active={SHARD, other})  # the owner fails: it is active here again
+        await worker.on_probes(probes(SHARD, 2, *copy, request=13))
+
+    asyncio.run(scenario())
+    assert answer_to(cluster, 13) == (1, new_owners[1])
+    assert not any(12 in b.rows["request"] for b in cluster.answers)
+
+
+def test_batches_for_the_shards_this_worker_owns_are_stored_and_answered(worker, cluster, monkeypatch):
+    """The guard holds back only partitions not owned: the owned ones, kept across a rebalance, are
+    served as always, and what they stored is covered (a restart replays nothing twice)."""
+    plan = worker.plan
+    first = page(1, SHARD, plan)
+    copy = page(4, SHARD, plan, near=first[0])
+
+    async def scenario() -> None:
+        await assign(worker, cluster, monkeypatch, active={SHARD})
+        await worker.on_probes(probes(SHARD, 0, *first, request=11))
+        await assign(worker, cluster, monkeypatch, active={SHARD, 1 - SHARD})  # kept across a rebalance
+        await worker.on_probes(probes(SHARD, 1, *copy, request=13))
+
+    asyncio.run(scenario())
+    assert answer_to(cluster, 11) == (-1, "")
+    assert answer_to(cluster, 13) == (1, first[1])
+    assert worker.store.offsets[SHARD] == len(cluster.changelog[SHARD]) - 1 == 1
+
+
+def test_no_shard_is_made_for_a_partition_not_assigned_here(worker, cluster, monkeypatch):
+    """The store's own guard, whatever calls it: no empty shard for a partition held neither
+    active nor standby, and changelog records of such a partition (a replay still running
+    when it moved) are not restored into one."""
+    plan, other = worker.plan, 1 - SHARD
+    stored = page(1, SHARD, plan)
+    cluster.append(SHARD, encode(rows(*stored), CHANGELOG))
+
+    async def scenario() -> None:
+        await assign(worker, cluster, monkeypatch, active={other})
+
+    asyncio.run(scenario())
+    store = worker.store
+    with pytest.raises(NotAssigned):
+        store.shard(SHARD)
+    store.apply_changelog_batch([Event(Message(SHARD, 0, cluster.changelog[SHARD][0]))], None, None)
+    assert SHARD not in store.shards and SHARD not in store.offsets
+    assert not store.serves(SHARD) and store.serves(other)
+    worker.app.on_rebalance_start()  # a rebalance begins: nothing is served until its assignment
+    assert not store.serves(other)
