@@ -192,3 +192,18 @@ def test_records_judged_below_the_committed_offset_are_released_not_sent():
     assert asyncio.run(outbox.flush(0)) == 1
     assert [w.offset for w in released] == [10] and log[-1][1] == {0: 11}
     assert outbox.pending.ready(0) == []
+
+
+def test_a_kept_partition_starts_after_its_own_last_commit_when_the_group_reads_behind():
+    """A rebalance right after a commit: the partition is revoked and assigned back, and the
+    group's committed offset still reads the older value (the transaction's offsets show once its
+    markers are written).  The next assignment starts at this worker's own last commit, so the
+    records it committed are not judged a second time."""
+    outbox, log, _ = holed([10, 11, 12], 10)
+    assert asyncio.run(outbox.flush(0)) == 3 and log[-1][1] == {0: 13}
+    asyncio.run(outbox.revoke(0))
+    outbox.assign({0})
+    assert outbox.start_offset(0, 10) == 13  # read behind: its own commit wins
+    assert outbox.start_offset(0, None) == 13  # read as none yet
+    assert outbox.start_offset(0, 20) == 20  # another owner committed further since
+    assert outbox.start_offset(1, 4) == 4 and outbox.start_offset(1, None) is None  # never committed here

@@ -328,6 +328,12 @@ class Worker:
         starts: dict[int, int] = {}
         try:
             committed = await asyncio.wait_for(cast(Any, self.app.consumer).seek_to_committed(), OFFSETS_TIMEOUT)
+            for tp in tps:  # never before this worker's own last commit (Outbox.start_offset)
+                read = committed.get(tp)
+                start = self.outbox.start_offset(tp.partition, None if read is None or read < 0 else read)
+                if start is not None and start != read:
+                    committed[tp] = start
+                    await self.app.consumer.seek(tp, start)
             missing = [tp for tp in tps if committed.get(tp) is None or committed[tp] < 0]
             starts = {tp.partition: committed[tp] for tp in tps if tp not in missing}
             if missing:
@@ -356,7 +362,8 @@ class Worker:
         partition before it knows where its commits start)."""
         while generation == self._generation:
             try:
-                return await asyncio.wait_for(self.outbox.read_committed(partitions), OFFSETS_TIMEOUT)
+                read = await asyncio.wait_for(self.outbox.read_committed(partitions), OFFSETS_TIMEOUT)
+                return {p: max(offset, self.outbox.start_offset(p, offset) or 0) for p, offset in read.items()}
             except Exception as e:
                 log.warning("cannot read the committed offsets of pages partitions %s (%r); retrying", partitions, e)
                 await asyncio.sleep(HOLE_RECHECK_SECONDS)

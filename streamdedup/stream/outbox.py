@@ -80,6 +80,9 @@ class Outbox:
         self._locks: dict[int, asyncio.Lock] = {}
         self._retry: dict[int, asyncio.TimerHandle] = {}
         self.committed: dict[int, int] = {}  # partition -> next offset, as committed by this worker
+        # the same, kept across revocations: the group's committed offset can read behind it for a
+        # moment after a rebalance (a transaction's offsets show once its markers are written)
+        self.own_commits: dict[int, int] = {}
         self._dirty: set[int] = set()
         self.owned: set[int] = set()  # input partitions assigned to this worker now
         self.offsets: dict[int, PartitionOffsets] = {}  # owned partition -> offsets delivered, judged, empty
@@ -129,6 +132,27 @@ class Outbox:
         schedules a flush: records judged before it was known may be ready.)"""
         self.tracker(partition).start(committed)
         self.committed[partition] = committed
+
+    def start_offset(self, partition: int, read: int | None) -> int | None:
+        """Where a partition's commits start at an assignment, given the committed offset ``read``
+        from the group (None: none): never before what this worker committed itself.
+
+        A transaction's offset commit shows in the group only once its markers are written,
+        after the commit returns; read in that moment (a rebalance right after a commit, a
+        partition kept), the group still says the older offset, or none, and the records
+        between would be judged a second time."""
+        own = self.own_commits.get(partition)
+        if own is not None and (read is None or read < own):
+            log.warning(
+                "pages partition %d: the group's committed offset (%s) is behind this worker's last commit "
+                "(%d); starting from %d",
+                partition,
+                read,
+                own,
+                own,
+            )
+            return own
+        return read
 
     def schedule(self, partition: int) -> None:
         """Flush ``partition`` in the background (the partitions' transactions run concurrently,
@@ -189,7 +213,7 @@ class Outbox:
                     self._shrink.pop((partition, w.offset), None)
                     if suspects:
                         suspects.pop(w.offset, None)
-                self.committed[partition] = ready[-1].offset + 1
+                self.committed[partition] = self.own_commits[partition] = ready[-1].offset + 1
                 offsets.commit(ready[-1].offset + 1)
                 sent += len(ready)
                 if self.on_sent is not None:
