@@ -287,10 +287,14 @@ class Worker:
             gone = {tp.partition for tp in revoked if tp.topic == s.pages_topic}
             self._buffer = [e for e in self._buffer if e.message.partition not in gone]
             self._fillers = [e for e in self._fillers if e.message.partition not in gone]
+            commits = {}
             for p in gone:
                 self._taken.pop(p, None)  # a new assignment starts again from the committed offset
                 self._seen.pop(p, None)
-                await self.outbox.revoke(p)
+                if (committed := await self.outbox.revoke(p)) is not None:
+                    commits[p] = committed
+            # the next owner reads where to start: let this worker's last commits show first
+            await self.outbox.settle(commits)
             self._paused = False  # a new assignment starts unpaused
 
         @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # (as above)

@@ -49,6 +49,7 @@ from streamdedup.settings import Settings
 __all__ = ["Outbox"]
 
 log = logging.getLogger(__name__)
+SETTLE_SECONDS = 5.0  # how long a revocation waits for its commits to show in the group (Outbox.settle)
 FLUSH_ATTEMPTS = 5  # a flush that fails this often in a row (not a Kafka error) dead-letters its head
 
 #: Errors that are about the record sent, not the connection or the transaction: retrying the
@@ -83,6 +84,7 @@ class Outbox:
         # the same, kept across revocations: the group's committed offset can read behind it for a
         # moment after a rebalance (a transaction's offsets show once its markers are written)
         self.own_commits: dict[int, int] = {}
+        self._flushed: dict[int, int] = {}  # partition -> next offset committed in this assignment
         self._dirty: set[int] = set()
         self.owned: set[int] = set()  # input partitions assigned to this worker now
         self.offsets: dict[int, PartitionOffsets] = {}  # owned partition -> offsets delivered, judged, empty
@@ -214,6 +216,7 @@ class Outbox:
                     if suspects:
                         suspects.pop(w.offset, None)
                 self.committed[partition] = self.own_commits[partition] = ready[-1].offset + 1
+                self._flushed[partition] = ready[-1].offset + 1
                 offsets.commit(ready[-1].offset + 1)
                 sent += len(ready)
                 if self.on_sent is not None:
@@ -358,8 +361,9 @@ class Outbox:
             except KafkaError as e:  # the connection may be gone already
                 log.debug("closing the producer of partition %d: %r", partition, e)
 
-    async def revoke(self, partition: int) -> None:
-        """The partition moved away: finish an in-flight flush, forget its records, close."""
+    async def revoke(self, partition: int) -> int | None:
+        """The partition moved away: finish an in-flight flush, forget its records, close.
+        Returns the next offset committed for it in this assignment (None: nothing committed)."""
         self._dirty.discard(partition)
         self.owned.discard(partition)
         async with self._lock(partition):
@@ -373,6 +377,41 @@ class Outbox:
             for key in [k for k in self._shrink if k[0] == partition]:
                 del self._shrink[key]
             await self._close(partition)
+            return self._flushed.pop(partition, None)
+
+    async def settle(self, commits: dict[int, int], timeout: float = SETTLE_SECONDS) -> bool:
+        """Wait until the group's committed offsets show ``commits`` (partition -> next offset this
+        worker committed), or ``timeout``; True if they do.
+
+        Called as partitions are revoked: a transaction's offsets show in the group only once its
+        markers are written, after the commit returns, and aiokafka's OffsetFetch cannot ask for
+        stable offsets (KIP-447).  A new owner that read them before would start behind them and
+        judge those records a second time (docs/faust-notes.md §12).  The read uses a client of its
+        own, not faust's consumer thread (§11)."""
+        if not commits:
+            return True
+        tps = {p: TopicPartition(self.settings.pages_topic, p) for p in commits}
+        deadline = time.monotonic() + timeout
+        admin = AIOKafkaAdminClient(**self.settings.aiokafka_kwargs())
+        try:
+            await asyncio.wait_for(admin.start(), timeout)
+            while True:
+                read = await asyncio.wait_for(
+                    admin.list_consumer_group_offsets(self.settings.app_id, partitions=list(tps.values())),
+                    max(0.1, deadline - time.monotonic()),
+                )
+                behind = {p: c for p, c in commits.items() if (m := read.get(tps[p])) is None or m.offset < c}
+                if not behind:
+                    return True
+                if time.monotonic() >= deadline:
+                    log.warning("the group's committed offsets still read behind this worker's commits: %s", behind)
+                    return False
+                await asyncio.sleep(0.05)
+        except Exception as e:  # (a timeout, the cluster gone): the new owner's own guard is all there is
+            log.warning("cannot check that the committed offsets show (%r)", e)
+            return False
+        finally:
+            await admin.close()
 
     async def read_range(self, partition: int, first: int, last: int, timeout: float = 10.0) -> tuple[list, bool]:
         """The records of pages partition ``partition`` from offset ``first`` to ``last``, read by
