@@ -190,6 +190,17 @@ class BandScheme:
         ]
 
 
+def _equal_pairs(haystack: np.ndarray, needles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(needle index, haystack index) for every equal pair of an unsorted ``haystack``."""
+    if not len(haystack) or not len(needles):
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    order = np.argsort(haystack, kind="stable")
+    lo = np.searchsorted(haystack[order], needles, "left")
+    cnt = np.searchsorted(haystack[order], needles, "right") - lo
+    pos = np.arange(int(cnt.sum())) + np.repeat(lo - (np.cumsum(cnt) - cnt), cnt)
+    return np.repeat(np.arange(len(needles)), cnt), order[pos].astype(np.int64)
+
+
 def tags(keys: np.ndarray) -> np.ndarray:
     """32-bit tags of band keys: what a row keeps of the earlier bands' keys."""
     return (np.asarray(keys, dtype=_U64) & _U64(0xFFFF_FFFF)).astype(np.uint32)
@@ -293,14 +304,9 @@ class BandTable:
             q, row = run.lookup(keys)
             qs.append(q)
             rows.append(row)
-        tail = self._tail.view()
-        if len(tail) and len(keys):
-            order = np.argsort(tail, kind="stable")
-            lo = np.searchsorted(tail[order], keys, "left")
-            cnt = np.searchsorted(tail[order], keys, "right") - lo
-            qs.append(np.repeat(np.arange(len(keys)), cnt))
-            pos = np.arange(int(cnt.sum())) + np.repeat(lo - (np.cumsum(cnt) - cnt), cnt)
-            rows.append(len(self) - len(tail) + order[pos])
+        q, i = _equal_pairs(self._tail.view(), keys)
+        qs.append(q)
+        rows.append(len(self) - len(self._tail) + i)
         return np.concatenate(qs).astype(np.int64), np.concatenate(rows).astype(np.int64)
 
     def judge(
@@ -350,7 +356,10 @@ class BandTable:
                     np.asarray(sketch)[new_idx],
                     earlier[new_idx],
                 )
-                q, row = self.lookup(keys)  # now with the batch's own new pages
+                # and the batch against its own new pages (rows start.., in order): no second
+                # lookup of the stored ones
+                q2, i2 = _equal_pairs(keys[new_idx], keys)
+                q, row = np.concatenate((q, q2)), np.concatenate((row, start + i2))
         # the rule: stored before the probe, another id, and this band is the pair's canonical one
         keep = (row < pos[q]) & (self.id_hash.view()[row] != id_hash[q])
         if self.band:
