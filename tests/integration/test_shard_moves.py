@@ -13,7 +13,6 @@ on demand here: tests/test_revoked_shard.py drives it through the store's rebala
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -105,8 +104,8 @@ def test_a_shard_batch_left_after_a_rebalance_costs_no_stored_page(kafka, tmp_pa
         for i in range(0, len(pool), 40):
             produce(kafka, topics.pages, pool[i : i + 40])
             sent.extend(pool[i : i + 40])
-            if joined.wait(0.3):
-                time.sleep(1.0)
+            if joined.wait(0.3):  # b is in: one more batch once the group has both
+                wait_for_group(kafka, topics.app_id, 2, timeout=60)
                 produce(kafka, topics.pages, pool[i + 40 : i + 80])
                 sent.extend(pool[i + 40 : i + 80])
                 return
@@ -115,7 +114,7 @@ def test_a_shard_batch_left_after_a_rebalance_costs_no_stored_page(kafka, tmp_pa
         a.start()
         feed = threading.Thread(target=stream)
         feed.start()
-        time.sleep(1.0)
+        wait_for_verdicts(kafka, topics, 40, timeout=60, to_end=False)  # a is judging the stream
         b.start()  # joins while a is busy: half the shard partitions move to b
         joined.set()
         feed.join(timeout=60)
