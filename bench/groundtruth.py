@@ -138,6 +138,127 @@ def visible_text(html: str) -> str:
     return "\n".join(ln for ln in lines if ln)
 
 
+# --------------------------------------------------------------------------
+# Main content (a second truth, for the pairs the product is meant to join)
+# --------------------------------------------------------------------------
+
+#: ARIA landmark roles that are not a page's main content (WAI-ARIA 1.2, landmark roles).
+LANDMARK_ROLES_OUTSIDE_MAIN = frozenset({"banner", "navigation", "complementary", "contentinfo", "search"})
+#: Elements whose implicit role is such a landmark (HTML-AAM): ``nav`` and ``aside`` always,
+#: ``header`` / ``footer`` only when not scoped to a sectioning element.
+_ALWAYS_OUTSIDE = frozenset({"nav", "aside"})
+_SCOPED = frozenset({"header", "footer"})
+_SECTIONING = frozenset({"article", "aside", "main", "nav", "section"})
+_VOID = frozenset("area base br col embed hr img input link meta param source track wbr".split())
+
+
+class _MainTextParser(_VisibleTextParser):
+    """Visible text split by ARIA landmarks, from the markup's declared structure only.
+
+    A crawler's copies of one document often differ only in their site chrome: the
+    navigation, the sidebars, the banner and the footer.  The *main content* of a page is
+    defined here the way assistive technology finds it, by the landmarks of WAI-ARIA and
+    HTML-AAM, with no guess from class names or text density (which is what a product
+    extractor does, so this stays independent of it):
+
+    * if the page has a main landmark (``<main>`` or ``role="main"``), its text, minus the
+      landmarks nested in it that are not main content;
+    * else the whole visible text minus those landmarks (``nav``, ``aside``, an unscoped
+      ``header`` / ``footer``, ``role`` banner / navigation / complementary / contentinfo /
+      search).
+
+    Open elements are kept on a stack; an end tag closes up to its nearest open match, and a
+    stray end tag is ignored (how lenient HTML parsers recover).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack: list[tuple[str, bool, bool]] = []  # (tag, opens main, opens a non-main landmark)
+        self.in_main = 0
+        self.outside = 0
+        self.seen_main = False
+        self.main_parts: list[str] = []
+        self.rest_parts: list[str] = []
+
+    def _push(self, tag: str, attrs) -> None:
+        role = (dict(attrs).get("role") or "").strip().lower()
+        roles = set(role.split())
+        opens_main = tag == "main" or "main" in roles
+        scoped = any(t in _SECTIONING for t, _, _ in self.stack)
+        opens_out = not opens_main and (
+            tag in _ALWAYS_OUTSIDE or (tag in _SCOPED and not scoped) or bool(roles & LANDMARK_ROLES_OUTSIDE_MAIN)
+        )
+        self.seen_main |= opens_main
+        self.in_main += opens_main
+        self.outside += opens_out
+        self.stack.append((tag, opens_main, opens_out))
+
+    def _pop_to(self, tag: str) -> None:
+        for i in range(len(self.stack) - 1, -1, -1):
+            if self.stack[i][0] == tag:
+                for _, m, o in self.stack[i:]:
+                    self.in_main -= m
+                    self.outside -= o
+                del self.stack[i:]
+                return
+
+    def handle_starttag(self, tag: str, attrs) -> None:
+        n = len(self.parts)
+        super().handle_starttag(tag, attrs)
+        if tag not in _VOID and tag not in SKIP_TAGS:
+            self._push(tag, attrs)
+        self._route(n)
+
+    def handle_startendtag(self, tag: str, attrs) -> None:
+        n = len(self.parts)
+        super().handle_startendtag(tag, attrs)
+        self._route(n)
+
+    def handle_endtag(self, tag: str) -> None:
+        n = len(self.parts)
+        super().handle_endtag(tag)
+        self._route(n)
+        if tag not in _VOID and tag not in SKIP_TAGS:
+            self._pop_to(tag)
+
+    def handle_data(self, data: str) -> None:
+        n = len(self.parts)
+        super().handle_data(data)
+        self._route(n)
+
+    def _route(self, n: int) -> None:
+        """Files what the visible-text parser just appended under the current landmarks."""
+        new = self.parts[n:]
+        if not new or self.outside:
+            if new and self.in_main:
+                self.main_parts.append("\n")  # a landmark inside main still ends a block
+            return
+        if self.in_main:
+            self.main_parts.extend(new)
+        self.rest_parts.extend(new)
+
+
+def _lines(raw: str) -> str:
+    lines = (_WS_RE.sub(" ", ln).strip() for ln in raw.split("\n"))
+    return "\n".join(ln for ln in lines if ln)
+
+
+def main_text(html: str) -> str:
+    """The main content's visible text (see :class:`_MainTextParser`), lines as in
+    :func:`visible_text`."""
+    parser = _MainTextParser()
+    parser.feed(html)
+    parser.close()
+    return _lines("".join(parser.main_parts if parser.seen_main else parser.rest_parts))
+
+
+def page_main_words(content: str, content_type: str = "text/html") -> list[str]:
+    """Words of a page's main content; plain text has no landmarks, so all of it."""
+    if content_type.split(";")[0].strip().lower() in ("text/plain",):
+        return words(content)
+    return words(main_text(content))
+
+
 def normalize(text: str) -> str:
     """NFKC then lowercase."""
     return unicodedata.normalize("NFKC", text).lower()
@@ -182,6 +303,11 @@ def jaccard_sets(a: Iterable, b: Iterable) -> float:
 def jaccard_text(a: str, b: str, a_type: str = "text/html", b_type: str = "text/html") -> float:
     """Exact Jaccard of two raw pages (no cache involved)."""
     return jaccard_sets(shingles(page_words(a, a_type)), shingles(page_words(b, b_type)))
+
+
+def jaccard_main(a: str, b: str, a_type: str = "text/html", b_type: str = "text/html") -> float:
+    """Exact Jaccard of two raw pages' main content (:func:`main_text`)."""
+    return jaccard_sets(shingles(page_main_words(a, a_type)), shingles(page_main_words(b, b_type)))
 
 
 # --------------------------------------------------------------------------
