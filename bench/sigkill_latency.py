@@ -10,6 +10,7 @@ here), both read back from the topics.
 
     python bench/sigkill_latency.py                      # a private broker, 2 workers
     python bench/sigkill_latency.py --standby-replicas 1 --rate 100 --seconds 60
+    python bench/sigkill_latency.py --session-timeout 6    # the workers' --session-timeout
 
 Prints p50/p99/max for the pages produced before the kill, in the 20 s after it, and after that,
 and how long the stall lasted (first page after the kill to the first verdict after it).
@@ -68,6 +69,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=45.0, help="how long to produce")
     ap.add_argument("--kill-at", type=float, default=12.0, help="seconds into the run")
     ap.add_argument("--standby-replicas", type=int, default=0)
+    ap.add_argument("--session-timeout", type=int, default=10, help="the workers' --session-timeout (seconds)")
     ap.add_argument("--brokers", help="an existing broker (default: a private one from deploy/local)")
     args = ap.parse_args()
     if args.brokers:
@@ -80,7 +82,10 @@ def main() -> int:
     ws: list[WorkerProcess] = []
     try:
         topics = StreamTopics.fresh(kafka, partitions=4)
-        env = {"STREAMDEDUP_STANDBY_REPLICAS": str(args.standby_replicas)}
+        env = {
+            "STREAMDEDUP_STANDBY_REPLICAS": str(args.standby_replicas),
+            "STREAMDEDUP_SESSION_TIMEOUT": str(args.session_timeout),
+        }
         ws = [WorkerProcess(kafka, topics, workdir, name=f"w{i}", env=env) for i in range(2)]
         for w in ws:
             w.start(timeout=120)

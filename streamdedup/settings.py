@@ -295,6 +295,14 @@ class Settings:
         _int(0, 3, "use 0, or 1 for faster failover"),
         "INT",
     )
+    session_timeout: int = _f(
+        "--session-timeout",
+        10,
+        "Seconds before the group gives a silent worker's partitions to the others: a dead "
+        "worker stalls every verdict for about this long.",
+        _int(6, 1800, "use 6..1800 seconds, within the broker's group.min/max.session.timeout.ms"),
+        "SECONDS",
+    )
     index_memory_limit: int = _f(
         "--index-memory-limit",
         0,

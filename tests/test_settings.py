@@ -344,6 +344,8 @@ BAD = [
     ({**SASL, "sasl_password": None}, "sasl_password", "use --sasl-password-file"),
     ({"sasl_password": "x"}, "sasl_password", "only used with SASL"),
     ({"ssl_check_hostname": "maybe"}, "ssl_check_hostname", "use true or false"),
+    ({"session_timeout": "5"}, "session_timeout", "use 6..1800 seconds, within the broker's group.min"),
+    ({"session_timeout": "2.5"}, "session_timeout", "is not a whole number"),
 ]
 
 
@@ -392,6 +394,7 @@ GOOD = [
     (SASL, "sasl_username", "alice"),
     (SASL, "sasl_password", "pa ss-word"),
     ({"ssl_check_hostname": "no"}, "ssl_check_hostname", False),
+    ({"session_timeout": "6"}, "session_timeout", 6),
 ]
 
 

@@ -300,3 +300,15 @@ def test_records_delivered_before_the_committed_offset_is_known_wait_for_it(work
         assert reads == [(1, 2, 2)]
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("seconds, heartbeat", [(10, 3.0), (6, 2.0), (60, 3.0)])
+def test_session_timeout_sets_how_soon_the_group_expires_a_dead_worker(tmp_path, seconds, heartbeat):
+    """--session-timeout reaches faust's consumer, with a heartbeat of at most a third of it."""
+    s = Settings(data_dir=tmp_path, fingerprint_processes=0, partitions=2, session_timeout=seconds)
+    w = Worker(s, registry=CollectorRegistry())
+    try:
+        assert w.app.conf.broker_session_timeout == seconds
+        assert w.app.conf.broker_heartbeat_interval == heartbeat
+    finally:
+        w.close()

@@ -162,8 +162,8 @@ class Worker:
             topic_partitions=s.partitions,
             topic_replication_factor=s.replication_factor,
             table_standby_replicas=s.standby_replicas,
-            broker_session_timeout=10.0,
-            broker_heartbeat_interval=3.0,  # a dead worker's partitions move in ~10 s
+            broker_session_timeout=float(s.session_timeout),  # a dead worker's partitions move after it
+            broker_heartbeat_interval=min(3.0, s.session_timeout / 3),  # Kafka's advice: at most a third
             stream_wait_empty=False,  # pages are never acked (the outbox commits them): do not wait at stop
             broker_commit_interval=0.5,
             consumer_auto_offset_reset="earliest",
