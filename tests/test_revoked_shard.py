@@ -72,8 +72,13 @@ class Cluster:
         done.set_result(None)
         return done
 
-    async def highwaters(self, *tps: TP) -> dict[TP, int]:
-        return {tp: len(self.changelog.get(tp.partition, [])) for tp in tps}
+    async def end_offsets(self, topic: str, partitions: list[int]) -> dict[int, int]:
+        return {p: len(self.changelog.get(p, [])) for p in partitions}
+
+    async def never(self, *tps: TP) -> dict[TP, int]:
+        """faust's consumer inside a rebalance: its thread is busy, the request never returns."""
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
 
 
 @pytest.fixture
@@ -86,7 +91,8 @@ def worker(tmp_path, cluster, monkeypatch):
     w = Worker(Settings(data_dir=tmp_path, fingerprint_processes=0, partitions=2), registry=CollectorRegistry())
     monkeypatch.setattr(w.table, "send_changelog", cluster.send_changelog)
     monkeypatch.setattr(w.answers_topic, "send", cluster.send_answers)
-    monkeypatch.setattr(w.app, "_consumer", SimpleNamespace(highwaters=cluster.highwaters))  # end offsets only
+    monkeypatch.setattr(ShardStore, "end_offsets", cluster.end_offsets)  # the worker's own client
+    monkeypatch.setattr(w.app, "_consumer", SimpleNamespace(highwaters=cluster.never))  # faust's, busy
     yield w
     w.close()
 
@@ -253,3 +259,21 @@ def test_no_shard_is_made_for_a_partition_not_assigned_here(worker, cluster, mon
     assert not store.serves(SHARD) and store.serves(other)
     worker.app.on_rebalance_start()  # a rebalance begins: nothing is served until its assignment
     assert not store.serves(other)
+
+
+def test_end_offsets_are_read_by_the_workers_own_client_not_fausts_busy_consumer(worker, cluster, monkeypatch):
+    """Inside a rebalance faust's consumer thread runs the rebalance, so an offsets request made
+    through it waits until its timeout (docs/faust-notes.md §11): a SIGTERM then waited too.  The
+    store reads the changelog's end offsets with the worker's own client instead."""
+    store, topic = worker.store, worker.store._changelog()
+    for value in (b"a", b"b", b"c"):
+        cluster.append(1, value)
+
+    async def rebalance() -> None:
+        worker.app.on_rebalance_start()
+        monkeypatch.setattr(worker.app.assignor, "assigned_actives", lambda: {TP(topic, 1)})
+        tps = {TP(topic, 0), TP(topic, 1)}
+        await asyncio.wait_for(store.on_rebalance(tps, set(), tps), timeout=4.0)  # < END_OFFSETS_TIMEOUT
+
+    asyncio.run(rebalance())
+    assert store.ends == {0: 0, 1: 3}

@@ -13,6 +13,7 @@ page reach the worker that holds it, and each shard is rebuilt where it is probe
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import struct
@@ -36,7 +37,7 @@ from streamdedup.pipeline.shard import Plan, ShardPlan, shard_step
 from streamdedup.pipeline.wire import ANSWERS, CHANGELOG, PROBES, Batch, decode, encode, kind_of
 from streamdedup.settings import Settings
 from streamdedup.stream.check import Checker
-from streamdedup.stream.connection import faust_broker_url, faust_credentials
+from streamdedup.stream.connection import end_offsets, faust_broker_url, faust_credentials
 from streamdedup.stream.gauges import Gauges
 from streamdedup.stream.logs import install as rate_limit_client_logs
 from streamdedup.stream.metrics import Metrics, setup_faust_sensor
@@ -146,7 +147,13 @@ class Worker:
     # ------------------------------------------------------------------ app and agents
     def _build_app(self) -> faust.App:
         s, names = self.settings, internal_topics(self.settings)
-        ShardStore.configure(self.plan, s.data_dir / "snapshots", self._on_restored, self._on_recovered)
+        ShardStore.configure(
+            self.plan,
+            s.data_dir / "snapshots",
+            self._on_restored,
+            self._on_recovered,
+            end_offsets=functools.partial(end_offsets, s),
+        )
         app = faust.App(
             s.app_id,
             broker=faust_broker_url(s),

@@ -28,7 +28,7 @@ import logging
 import os
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +123,9 @@ class ShardStore(base.Store):
     data_dir: Path | None = None
     on_restored: Callable[[int, int], None] | None = None  # (partition, records) for metrics
     on_recovered: Callable[[], None] | None = None
+    #: (topic, partitions) -> their end offsets, read outside faust's consumer thread (the worker's
+    #: own client, :func:`~streamdedup.stream.connection.end_offsets`); None: faust's highwaters.
+    end_offsets: Callable[[str, list[int]], Awaitable[dict[int, int]]] | None = None
 
     def __post_init__(self) -> None:
         self.shards: dict[int, Shard] = {}
@@ -141,8 +144,10 @@ class ShardStore(base.Store):
         data_dir: Path | None,
         on_restored: Callable[[int, int], None] | None = None,
         on_recovered: Callable[[], None] | None = None,
+        end_offsets: Callable[[str, list[int]], Awaitable[dict[int, int]]] | None = None,
     ) -> None:
         cls.plan, cls.data_dir, cls.on_restored, cls.on_recovered = plan, data_dir, on_restored, on_recovered
+        cls.end_offsets = end_offsets
 
     # -------------------------------------------------------------- the index
     def serves(self, partition: int) -> bool:
@@ -313,11 +318,17 @@ class ShardStore(base.Store):
         unloaded = [tp for tp in mine if tp.partition not in self.shards]
         if unloaded and self.data_dir is not None:
             try:
-                # bounded: a rebalance (and a SIGTERM during it) must not wait on a slow offsets request
-                ends = await asyncio.wait_for(self.app.consumer.highwaters(*unloaded), END_OFFSETS_TIMEOUT)
-                self.ends.update({tp.partition: int(end) for tp, end in ends.items() if end is not None})
+                # By a client of our own: faust's consumer thread is busy with this very rebalance
+                # (faust-notes §11).  Bounded all the same: a rebalance must not wait on a slow broker.
+                self.ends.update(await asyncio.wait_for(self._read_ends(topic, unloaded), END_OFFSETS_TIMEOUT))
             except (TimeoutError, Exception) as e:  # recovery reads them again; _end_offset falls back
                 log.warning("cannot read the end offsets of %s: %s", topic, e)
+
+    async def _read_ends(self, topic: str, tps: list[TP]) -> dict[int, int]:
+        if self.end_offsets is not None:
+            return await self.end_offsets(topic, sorted(tp.partition for tp in tps))
+        ends = await self.app.consumer.highwaters(*tps)
+        return {tp.partition: int(end) for tp, end in ends.items() if end is not None}
 
     async def on_recovery_completed(self, active_tps: set[TP], standby_tps: set[TP]) -> None:
         for shard in self.shards.values():
