@@ -34,7 +34,7 @@ from streamdedup.pipeline.offsets import Delivery
 from streamdedup.pipeline.pending import Pending, Waiting
 from streamdedup.pipeline.routing import Topics, match_distance
 from streamdedup.pipeline.shard import Plan, ShardPlan, shard_step
-from streamdedup.pipeline.wire import ANSWERS, CHANGELOG, PROBES, Batch, decode, encode, kind_of
+from streamdedup.pipeline.wire import ANSWERS, CHANGELOG, CHECKS, PROBES, Batch, decode, encode, kind_of
 from streamdedup.settings import Settings
 from streamdedup.stream.check import Checker
 from streamdedup.stream.connection import end_offsets, faust_broker_url, faust_credentials
@@ -55,6 +55,9 @@ CHECKS_PER_PROCESS = 4  # POST /check requests in progress per fingerprinting pr
 # a failing shard or answers batch is tried this many times, waiting RETRY_FIRST seconds after
 # the first failure and twice as long after each next one (at most RETRY_MAX): 0.2+0.4+0.8+1.6 s
 RETRY_ATTEMPTS, RETRY_FIRST, RETRY_MAX = 5, 0.2, 5.0
+# a page that has waited this long for a shard partition whose standby this worker holds gets
+# that standby's answer if it is a match (answer_from_standbys); a "no match" waits for the owner
+STANDBY_AFTER = 2.0
 OFFSETS_TIMEOUT = 10.0  # seconds a rebalance callback waits for an offsets request
 HOLE_RECHECK_SECONDS = 1.0  # a hole in a pages partition is read after this (see _fill_holes)
 HOLE_READS = 3  # reads of a hole that fail before the worker gives up on it (commits past it, loudly)
@@ -134,6 +137,8 @@ class Worker:
         self._seek_task: asyncio.Future | None = None  # the seek of uncommitted pages partitions (on_assigned)
         self._turn = asyncio.Condition()
         self._tickets = self._next_ticket = 0
+        # with standbys: the probes sent, while their pages wait ((sent at, shard partition, rows))
+        self._sent: list[tuple[float, int, Batch]] = []
         self._pool = fingerprint_pool(s.fingerprint_processes) if s.fingerprint_processes else None
         self._writer = struct.pack("<Q", int(time.time() * 1e6))  # changelog keys: unique per incarnation
         self._seq = 0
@@ -189,6 +194,10 @@ class Worker:
             value_type=bytes,
             store=f"{SCHEME}://local",
             recovery_buffer_size=200,
+            # a standby applies each changelog record as it comes: faust applies a standby's buffer
+            # only when it is full or at a rebalance, and a stale standby answers stalled pages
+            # (answer_from_standbys) with less and takes over with more to replay
+            standby_buffer_size=1,
             help="the sharded index",
         )
 
@@ -266,6 +275,12 @@ class Worker:
 
             async def head(self, request):
                 return self.bytes(b"", content_type="application/json", headers={"Allow": "HEAD, POST"})
+
+        if s.standby_replicas:
+
+            @app.timer(interval=0.5, name="standby_answers")
+            async def standby_answers():
+                self.answer_from_standbys()
 
         @app.timer(interval=5.0, name="gauges")
         async def gauges():
@@ -480,9 +495,12 @@ class Worker:
                     )
                 partitions = {r.partition for r in records}
             else:
+                sent_at = time.monotonic()
                 for shard_partition, batch in intake.probes.items():
                     for chunk in _chunks(batch):
                         await self.probes_topic.send(value=encode(chunk, PROBES), partition=shard_partition)
+                    if self.settings.standby_replicas:
+                        self._sent.append((sent_at, shard_partition, batch))
                 partitions = intake.partitions
         finally:
             async with self._turn:
@@ -795,6 +813,67 @@ class Worker:
         for s in step.shards:
             if self.store.snapshot_due(s, self.settings.snapshot_interval):
                 self.store.snapshot(s)
+
+    def answer_from_standbys(self, now: float | None = None) -> int:
+        """Matches for pages stalled on a shard partition whose standby this worker holds.
+
+        When a worker dies, its shard partitions answer nothing until the group expires it
+        (``--session-timeout``), and every page waits.  A standby here can still *look*: a probe
+        that has waited ``STANDBY_AFTER`` seconds is checked against it (not stored), and a match
+        is that group's answer.  A match is safe to use: the standby holds only pages in the
+        changelog, which the partition's next owner will also have before this page, so the rule
+        (docs/stream-design.md) flags the page either way.  "No match" is not used: two copies
+        checked during the stall would both find nothing, and the owner must store one before
+        the other to flag the second.  A page with a match that waits only for stalled groups
+        checked here is released as a near-duplicate (the page's probes still reach the owner,
+        which stores it in its place).  Returns the matches taken."""
+        now = time.monotonic() if now is None else now
+        store = self.store
+        standby = {p for p in store.shards if p in store.assigned and p not in store.active}
+        keep: list[tuple[float, int, Batch]] = []
+        due: list[tuple[int, bytes]] = []
+        stalled: dict[int, int] = defaultdict(int)  # request -> its groups checked here (a bitmask)
+        for entry in self._sent:
+            sent_at, shard_partition, batch = entry
+            waiting = np.array(
+                [
+                    (w := self.pending.waiting(r)) is not None and bool(w.missing >> g & 1)
+                    for r, g in zip(batch.rows["request"].tolist(), batch.rows["group"].tolist())
+                ],
+                dtype=bool,
+            )
+            if not waiting.any():
+                continue  # answered: forget it
+            keep.append(entry)
+            if shard_partition in standby and now - sent_at >= STANDBY_AFTER:
+                checked = batch.select(waiting)
+                due.extend((shard_partition, encode(c, CHECKS)) for c in _chunks(checked))
+                for r, g in zip(checked.rows["request"].tolist(), checked.rows["group"].tolist()):
+                    stalled[r] |= 1 << g
+        self._sent = keep
+        if not due:
+            return 0
+        step = shard_step(store.shard, due)
+        touched: set[int] = set()
+        taken = 0
+        for answers in step.answers.values():
+            matches = answers.select(answers.rows["distance"] >= 0)
+            taken += len(matches)
+            touched |= self.pending.answer(matches)
+        # A page with a match is a near-duplicate whatever its other groups say: if all it still
+        # waits for are stalled groups checked here, it goes now with the match it has (which may
+        # not be the nearest one that the owners would have named)
+        for r, groups in stalled.items():
+            w = self.pending.waiting(r)
+            if w is not None and w.best is not None and w.missing & ~groups == 0:
+                for g in range(self.plan.n_groups):
+                    if w.missing >> g & 1 and (p := self.pending.answer_one(r, g, -1)) is not None:
+                        touched.add(p)
+        for p in sorted(touched):
+            self.outbox.schedule(p)
+        if taken:
+            log.info("answered %d stalled probes from standby shards %s", taken, sorted({p for p, _ in due}))
+        return taken
 
     # ------------------------------------------------------------------ metrics
     def _on_sent(self, done: list[Waiting]) -> None:
