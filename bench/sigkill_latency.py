@@ -11,6 +11,7 @@ here), both read back from the topics.
     python bench/sigkill_latency.py                      # a private broker, 2 workers
     python bench/sigkill_latency.py --standby-replicas 1 --rate 100 --seconds 60
     python bench/sigkill_latency.py --session-timeout 6    # the workers' --session-timeout
+    python bench/sigkill_latency.py --standby-replicas 1 --copies 0.3   # copies answered by standbys
 
 Prints p50/p99/max for the pages produced before the kill, in the 20 s after it, and after that,
 and how long the stall lasted (first page after the kill to the first verdict after it).
@@ -38,16 +39,24 @@ from stream_harness import StreamTopics, WorkerProcess, page_record, produce  # 
 from topics import read_topic  # noqa: E402
 
 
-async def produce_steadily(kafka, topic: str, rate: float, seconds: float, on_tick) -> None:
+async def produce_steadily(kafka, topic: str, rate: float, seconds: float, on_tick, copies: float = 0.0) -> None:
+    """``copies``: the share of pages that copy an earlier page's content (one produced at least
+    3 s before), under a URL of their own (``http://lat.test/copy-<i>``)."""
     p = AIOKafkaProducer(**kafka.client_kwargs(), linger_ms=0)
     await p.start()
     try:
         rng = np.random.default_rng(5)
         start, i = time.monotonic(), 0
+        made: list[tuple[float, str]] = []  # (when, content) of the pages that are not copies
         while (now := time.monotonic() - start) < seconds:
             on_tick(now)
-            words = " ".join(f"w{j}" for j in rng.integers(0, 20000, 150))
-            page = {"url": f"http://lat.test/{i}", "content": f"<p>{words}</p>"}
+            older = [c for t, c in made if t <= now - 3.0]
+            if older and rng.random() < copies:
+                page = {"url": f"http://lat.test/copy-{i}", "content": older[int(rng.integers(0, len(older)))]}
+            else:
+                words = " ".join(f"w{j}" for j in rng.integers(0, 20000, 150))
+                page = {"url": f"http://lat.test/{i}", "content": f"<p>{words}</p>"}
+                made.append((now, page["content"]))
             await p.send(topic, json.dumps(page).encode(), key=page["url"].encode())
             i += 1
             await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
@@ -70,6 +79,7 @@ def main() -> int:
     ap.add_argument("--kill-at", type=float, default=12.0, help="seconds into the run")
     ap.add_argument("--standby-replicas", type=int, default=0)
     ap.add_argument("--session-timeout", type=int, default=10, help="the workers' --session-timeout (seconds)")
+    ap.add_argument("--copies", type=float, default=0.0, help="share of pages that copy an earlier page (0..1)")
     ap.add_argument("--brokers", help="an existing broker (default: a private one from deploy/local)")
     args = ap.parse_args()
     if args.brokers:
@@ -110,12 +120,10 @@ def main() -> int:
                 ws[1].kill()
                 killed_at.append(time.time())
 
-        asyncio.run(produce_steadily(kafka, topics.pages, args.rate, args.seconds, tick))
-        sent = {
-            (r.partition, r.offset): r.timestamp / 1000
-            for r in read_topic(kafka, topics.pages, timeout=60)
-            if (r.partition, r.offset) not in before_run
-        }
+        asyncio.run(produce_steadily(kafka, topics.pages, args.rate, args.seconds, tick, args.copies))
+        produced = [r for r in read_topic(kafka, topics.pages, timeout=60) if (r.partition, r.offset) not in before_run]
+        sent = {(r.partition, r.offset): r.timestamp / 1000 for r in produced}
+        copy = {(r.partition, r.offset) for r in produced if "/copy-" in json.loads(r.value)["url"]}
         deadline = time.monotonic() + 120
         while True:
             verdicts = read_topic(kafka, topics.verdicts, timeout=60)
@@ -129,6 +137,7 @@ def main() -> int:
             kafka.stop()
     kill = killed_at[0]
     before, during, after = [], [], []
+    during_copies: list[float] = []
     first_after = None
     verdicts = [r for r in verdicts if (lambda v: (v["partition"], v["offset"]) in sent)(json.loads(r.value))]
     for r in verdicts:
@@ -136,6 +145,8 @@ def main() -> int:
         t_in = sent[(v["partition"], v["offset"])]
         lat = r.timestamp / 1000 - t_in
         (before if t_in < kill else during if t_in < kill + 20 else after).append(lat)
+        if kill <= t_in < kill + 20 and (v["partition"], v["offset"]) in copy:
+            during_copies.append(lat)
         if r.timestamp / 1000 > kill and (first_after is None or r.timestamp / 1000 < first_after):
             first_after = r.timestamp / 1000
     # the stall: the longest gap between consecutive verdicts around the kill
@@ -144,11 +155,14 @@ def main() -> int:
     gap, gap_start = max(gaps) if gaps else (0.0, kill)
     print(
         f"rate {args.rate:.0f}/s for {args.seconds:.0f}s, 2 workers, standby replicas {args.standby_replicas}, "
+        f"session timeout {args.session_timeout}s, copies {args.copies:.0%}, "
         f"SIGKILL at {args.kill_at:.0f}s"
     )
     print(f"verdicts {len(verdicts)} of {len(sent)} pages")
     print(f"  before the kill:    {percentiles(before)}")
     print(f"  kill .. kill+20s:   {percentiles(during)}")
+    if args.copies:
+        print(f"    of which copies:  {percentiles(during_copies)}")
     print(f"  after:              {percentiles(after)}")
     print(f"  all:                {percentiles(before + during + after)}")
     print(f"  longest gap between verdicts after the kill: {gap:.1f}s (from {gap_start - kill:+.1f}s)")
