@@ -128,3 +128,24 @@ def test_a_page_with_a_match_that_also_waits_for_a_live_group_waits_for_it(worke
     w = worker.pending.waiting(r)
     # group 0 answered with the match; the others wait (the live one will answer, the rest then too)
     assert w is not None and w.missing == (1 << plan.n_groups) - 2 and w.best[4] == "http://a.test/stored"
+
+
+def test_a_live_owner_that_keeps_answering_is_not_second_guessed(worker, cluster, monkeypatch):  # noqa: F811
+    """Probes slow to be answered by a live (busy) owner are left to it: the standby is asked only
+    once no probe sent to that partition has been answered for STANDBY_AFTER."""
+    plan = worker.plan
+    stored = page(1, STANDBY, plan)
+    copy = page(2, STANDBY, plan, near=stored[0])
+    answered = page(3, STANDBY, plan)
+    cluster.append(STANDBY, encode(rows(*stored), CHANGELOG))
+    asyncio.run(assign(worker, cluster, monkeypatch, active={ACTIVE}, standby={STANDBY}))
+    monkeypatch.setattr(worker.outbox, "schedule", lambda partition: None)
+    r_copy = stalled(worker, 10, *copy, STANDBY, 0.0)
+    r_answered = stalled(worker, 11, *answered, STANDBY, 0.0)
+    worker.pending.answer_one(r_answered, group=0, distance=-1)  # the owner answers this one
+    t = STANDBY_AFTER
+    assert worker.answer_from_standbys(now=t) == 0  # it was heard from just now
+    assert worker.pending.waiting(r_copy).missing & 1
+    assert worker.answer_from_standbys(now=t + STANDBY_AFTER / 2) == 0  # not silent long enough yet
+    assert worker.answer_from_standbys(now=t + STANDBY_AFTER) == 1  # silent since: the standby answers
+    assert not worker.pending.waiting(r_copy).missing & 1

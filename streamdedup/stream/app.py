@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import os
 import struct
 import time
@@ -139,6 +140,7 @@ class Worker:
         self._tickets = self._next_ticket = 0
         # with standbys: the probes sent, while their pages wait ((sent at, shard partition, rows))
         self._sent: list[tuple[float, int, Batch]] = []
+        self._heard: dict[int, float] = {}  # shard partition -> when a probe sent there was last seen answered
         self._pool = fingerprint_pool(s.fingerprint_processes) if s.fingerprint_processes else None
         self._writer = struct.pack("<Q", int(time.time() * 1e6))  # changelog keys: unique per incarnation
         self._seq = 0
@@ -819,7 +821,8 @@ class Worker:
 
         When a worker dies, its shard partitions answer nothing until the group expires it
         (``--session-timeout``), and every page waits.  A standby here can still *look*: a probe
-        that has waited ``STANDBY_AFTER`` seconds is checked against it (not stored), and a match
+        that has waited ``STANDBY_AFTER`` seconds on a partition silent for as long is checked
+        against it (not stored), and a match
         is that group's answer.  A match is safe to use: the standby holds only pages in the
         changelog, which the partition's next owner will also have before this page, so the rule
         (docs/stream-design.md) flags the page either way.  "No match" is not used: two copies
@@ -830,11 +833,8 @@ class Worker:
         now = time.monotonic() if now is None else now
         store = self.store
         standby = {p for p in store.shards if p in store.assigned and p not in store.active}
-        keep: list[tuple[float, int, Batch]] = []
-        due: list[tuple[int, bytes]] = []
-        stalled: dict[int, int] = defaultdict(int)  # request -> its groups checked here (a bitmask)
-        for entry in self._sent:
-            sent_at, shard_partition, batch = entry
+        keep: list[tuple[float, int, Batch, np.ndarray]] = []
+        for sent_at, shard_partition, batch in self._sent:
             waiting = np.array(
                 [
                     (w := self.pending.waiting(r)) is not None and bool(w.missing >> g & 1)
@@ -842,15 +842,22 @@ class Worker:
                 ],
                 dtype=bool,
             )
-            if not waiting.any():
-                continue  # answered: forget it
-            keep.append(entry)
-            if shard_partition in standby and now - sent_at >= STANDBY_AFTER:
+            if waiting.any():
+                keep.append((sent_at, shard_partition, batch, waiting))
+            else:  # answered: forget it, and note that its shard partition is alive
+                self._heard[shard_partition] = now
+        self._sent = [entry[:3] for entry in keep]
+        # silent: a standby here, and no probe sent there was answered for STANDBY_AFTER (a slow
+        # but live owner keeps answering, and names the nearest match itself)
+        silent = {p for p in standby if now - self._heard.get(p, -math.inf) >= STANDBY_AFTER}
+        due: list[tuple[int, bytes]] = []
+        stalled: dict[int, int] = defaultdict(int)  # request -> its groups checked here (a bitmask)
+        for sent_at, shard_partition, batch, waiting in keep:
+            if shard_partition in silent and now - sent_at >= STANDBY_AFTER:
                 checked = batch.select(waiting)
                 due.extend((shard_partition, encode(c, CHECKS)) for c in _chunks(checked))
                 for r, g in zip(checked.rows["request"].tolist(), checked.rows["group"].tolist()):
                     stalled[r] |= 1 << g
-        self._sent = keep
         if not due:
             return 0
         step = shard_step(store.shard, due)
