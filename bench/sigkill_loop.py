@@ -10,6 +10,7 @@ unique key).  A run fails if any record has none or two.
 
     python bench/sigkill_loop.py --runs 50             # a private broker, 2 busy processes
     python bench/sigkill_loop.py --runs 20 --load 3 --workers 1 --brokers 127.0.0.1:9092
+    python bench/sigkill_loop.py --runs 10 --copies 0.3 --standby-replicas 1   # + one unique per copy cluster
 
 Run from the repository root with the project's venv; it starts its own Kafka broker from
 deploy/local unless --brokers is given.  Prints one line per run and a summary; exits 1 if any
@@ -67,17 +68,45 @@ def _busy() -> None:  # pragma: no cover - a CPU hog for the load
         pass
 
 
-def records(run: int, wave: int, n: int, rng: random.Random) -> list:
-    """``n`` inputs with unique keys: pages of random words, every 13th a bad record."""
+def records(run: int, wave: int, n: int, rng: random.Random, copies: float = 0.0, made: list | None = None) -> list:
+    """``n`` inputs with unique keys: pages of random words, every 13th a bad record.  ``copies``:
+    the share of pages that copy the content of an earlier page of the run (``made``: the
+    contents so far, extended here)."""
     out = []
+    made = [] if made is None else made
     for i in range(n):
         key = f"r{run}-w{wave}-{i}"
         if i % 13 == 5:
             out.append((key.encode(), b"not json at all " + key.encode()))
             continue
-        words = " ".join(f"w{rng.randrange(20000)}" for _ in range(120))
-        out.append(page_record(f"http://loop.test/{key}", f"<p>{words}</p>", id=key))
+        if made and rng.random() < copies:
+            content = rng.choice(made)
+        else:
+            content = "<p>" + " ".join(f"w{rng.randrange(20000)}" for _ in range(120)) + "</p>"
+            made.append(content)
+        out.append(page_record(f"http://loop.test/{key}", content, id=key))
     return out
+
+
+def clusters_with_not_one_unique(kafka, topics: StreamTopics) -> list[tuple[int, int]]:
+    """Pages of equal content form a cluster, of which exactly one must be ``unique`` (the order
+    rule: every other copy is flagged against one stored before it); the clusters where that
+    fails, as (pages, unique verdicts)."""
+    content = {}
+    for r in read_topic(kafka, topics.pages, timeout=60):
+        try:
+            content[(r.partition, r.offset)] = json.loads(r.value)["content"]
+        except ValueError:
+            continue  # a bad record
+    unique: dict[str, int] = {}
+    size: dict[str, int] = {}
+    for r in read_topic(kafka, topics.verdicts, timeout=60):
+        v = json.loads(r.value)
+        c = content.get((v["partition"], v["offset"]))
+        if c is not None:
+            size[c] = size.get(c, 0) + 1
+            unique[c] = unique.get(c, 0) + (v["verdict"] == "unique")
+    return [(size[c], unique[c]) for c in size if unique[c] != 1]
 
 
 def produced_offsets(kafka, topic: str) -> dict[str, tuple[int, int]]:
@@ -114,19 +143,30 @@ def _spawn(w: WorkerProcess) -> None:
     )
 
 
-def one_run(kafka, run: int, workdir: Path, n: int, seed: int, workers: int, deadline_s: float = 300.0):
+def one_run(
+    kafka,
+    run: int,
+    workdir: Path,
+    n: int,
+    seed: int,
+    workers: int,
+    deadline_s: float = 300.0,
+    copies: float = 0.0,
+    standby_replicas: int = 0,
+):
     """One run; returns (ok, detail).  With 2 workers the survivor keeps judging through every
     rebalance the victim's deaths and restarts cause (batches in flight while partitions move)."""
     rng = random.Random(seed)
+    made: list[str] = []
     topics = StreamTopics.fresh(kafka, partitions=4)
-    env = {"STREAMDEDUP_BATCH_SIZE": "40"}
+    env = {"STREAMDEDUP_BATCH_SIZE": "40", "STREAMDEDUP_STANDBY_REPLICAS": str(standby_replicas)}
     ws = [WorkerProcess(kafka, topics, workdir / f"run{run}", name=f"w{i}", env=env) for i in range(workers)]
     victim = ws[-1]
     total = n + n // 2
     try:
         for w in ws:
             w.start(timeout=120)
-        produce(kafka, topics.pages, records(run, 0, n, rng))
+        produce(kafka, topics.pages, records(run, 0, n, rng, copies, made))
         time.sleep(rng.uniform(0.5, 3.0))
         victim.kill()  # during the stream
         victim._log.close()
@@ -135,7 +175,7 @@ def one_run(kafka, run: int, workdir: Path, n: int, seed: int, workers: int, dea
         victim.kill()
         victim._log.close()
         victim.start(timeout=120)
-        produce(kafka, topics.pages, records(run, 1, n // 2, rng))
+        produce(kafka, topics.pages, records(run, 1, n // 2, rng, copies, made))
         end = time.monotonic() + deadline_s
         while True:
             missing, doubled, inputs = check(kafka, topics)
@@ -144,11 +184,14 @@ def one_run(kafka, run: int, workdir: Path, n: int, seed: int, workers: int, dea
             time.sleep(2.0)
         time.sleep(2.0)  # a last read after a pause: anything judged twice shows up now
         missing, doubled, inputs = check(kafka, topics)
+        bad_clusters = clusters_with_not_one_unique(kafka, topics) if copies else []
     finally:
         for w in ws:
             w.__exit__(None, None, None)
-    ok = not missing and not doubled and inputs == total
+    ok = not missing and not doubled and inputs == total and not bad_clusters
     detail = f"inputs {inputs}/{total}, no outcome {len(missing)}, two outcomes {len(doubled)}"
+    if copies:
+        detail += f", copy clusters without exactly one unique page {len(bad_clusters)} {bad_clusters[:4]}"
     if missing:
         detail += f"; missing {missing[:6]}{'...' if len(missing) > 6 else ''}"
     if doubled:
@@ -168,6 +211,8 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2, help="workers; the last one is killed (default 2)")
     ap.add_argument("--brokers", help="an existing broker (default: start a private one from deploy/local)")
     ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--copies", type=float, default=0.0, help="share of pages that copy an earlier page (0..1)")
+    ap.add_argument("--standby-replicas", type=int, default=0, help="the workers' --standby-replicas")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--stop-on-failure", action="store_true")
     args = ap.parse_args()
@@ -181,7 +226,16 @@ def main() -> int:
         for run in range(args.runs):
             t0 = time.monotonic()
             try:
-                ok, detail = one_run(kafka, run, workdir, args.records, args.seed * 1000 + run, args.workers)
+                ok, detail = one_run(
+                    kafka,
+                    run,
+                    workdir,
+                    args.records,
+                    args.seed * 1000 + run,
+                    args.workers,
+                    copies=args.copies,
+                    standby_replicas=args.standby_replicas,
+                )
             except (AssertionError, OSError) as e:  # the harness, not the worker (a web port taken...)
                 errors += 1
                 print(f"run {run + 1}/{args.runs}: not counted, the harness failed: {str(e)[-300:]}", flush=True)
