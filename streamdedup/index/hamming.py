@@ -223,6 +223,31 @@ class HammingIndex:
             self._compact()
         return True
 
+    def remove_rows(self, rows: np.ndarray) -> int:
+        """Mark rows (from :meth:`search`) dead, with no compaction: the caller that keeps columns
+        parallel to the rows compacts them together (:meth:`keep_rows`).  Returns how many died."""
+        rows = np.asarray(rows, dtype=np.int64)
+        rows = np.unique(rows[self._alive[rows]])
+        self._alive[rows] = False
+        self._dead += len(rows)
+        return len(rows)
+
+    def alive_rows(self) -> np.ndarray:
+        """The alive mask by row (a view: valid until the next add)."""
+        return self._alive[: self._n]
+
+    def keep_rows(self, rows: np.ndarray) -> None:
+        """Keep only ``rows`` (ascending), renumbered 0..len-1 in their order, in fresh arrays of
+        their size: the memory of the others is returned.  Ids that were the row numbers stay so."""
+        rows = np.asarray(rows, dtype=np.int64)
+        fps = self._fps[rows].copy()
+        self._ids = _Ids(rows=len(rows)) if self._ids.identity else self._ids.keep(rows)
+        self._n, self._dead = len(rows), 0
+        self._fps = fps if len(fps) else np.empty(1024, dtype=np.uint64)
+        self._alive = np.ones(max(len(rows), len(self._fps)), dtype=bool)
+        self._alive[self._n :] = False
+        self._runs = [self._build_run(fps, np.arange(self._n, dtype=np.uint32))] if self._n else []
+
     # --------------------------------------------------------------- reads
     def prepare(self) -> None:
         """Build every run's lookup directory now (queries build them lazily otherwise)."""

@@ -1,0 +1,323 @@
+"""--retention: pages older than the retention leave the shard's index and its changelog.
+
+The shard stage runs as the worker runs it (``shard_step`` on encoded probes), its changelog is
+kept as a list of (partition, key, value or None) records, and replays of that list, compacted
+or not, from nothing or from a snapshot, must give the live shard's state and answers.
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import xxhash
+
+from streamdedup.errors import SettingsError
+from streamdedup.index.tables import TableDesign
+from streamdedup.pipeline.shard import Shard, ShardPlan, shard_step
+from streamdedup.pipeline.wire import CHANGELOG, CHECKS, PROBES, Batch, decode, encode
+from streamdedup.settings import Settings
+
+R = 100_000  # the retention in these tests, ms
+STEP = R // 64  # the cutoff's rounding
+T0 = 10_000_000
+PLAN = ShardPlan(TableDesign.named("16"), partitions=2)
+
+
+def hid(page_id: str) -> int:
+    return xxhash.xxh3_64_intdigest(page_id.encode())
+
+
+def near(fp: int, bits: int = 2, seed: int = 0) -> int:
+    """``fp`` with ``bits`` bits flipped (a near-duplicate at k = 3)."""
+    rng = np.random.default_rng(seed)
+    for b in rng.choice(64, size=bits, replace=False).tolist():
+        fp ^= 1 << b
+    return fp
+
+
+@dataclass
+class Worker:
+    """The shard stage of one worker over PLAN's partitions, with its changelog."""
+
+    retention: int = R
+    strings: str | None = None
+    shards: dict[int, Shard] = field(default_factory=dict)
+    log: list[tuple[int, bytes, bytes | None]] = field(default_factory=list)
+    seq: int = 0
+
+    def shard(self, s: int) -> Shard:
+        if s not in self.shards:
+            prefix = None if self.strings is None else f"{self.strings}-{s}"
+            self.shards[s] = Shard(PLAN, prefix, self.retention)
+        return self.shards[s]
+
+    def judge(self, pages: list[tuple[str, int, int]], now: int | None = None, store: bool = True) -> list:
+        """Pages (id, fingerprint, fetched) as one batch; for each, the id of its match or None."""
+        fps = np.array([p[1] for p in pages], dtype=np.uint64)
+        dest = PLAN.probes(fps)
+        kind = PROBES if store else CHECKS
+        messages = []
+        for s in range(PLAN.partitions):
+            page, group = np.nonzero(dest == s)
+            if len(page):
+                batch = Batch.build(
+                    group=group,
+                    fps=fps[page],
+                    fetched=[pages[i][2] for i in page],
+                    id_hash=[hid(pages[i][0]) for i in page],
+                    ids=[pages[i][0] for i in page],
+                    urls=[f"http://site/{pages[i][0]}" for i in page],
+                    request=page,
+                    kind=kind,
+                )
+                messages.append((s, encode(batch, kind)))
+        step = shard_step(self.shard, messages, now)
+        for s, stored in step.changelog:  # as the worker writes them: one record a batch, a unique key
+            self.seq += 1
+            key = struct.pack("<I", s) + b"writer01" + struct.pack("<Q", self.seq)
+            self.log.append((s, key, encode(stored, CHANGELOG)))
+            self.shards[s].track(key, int(stored.fetched.max()))
+        for s in sorted(step.shards):
+            self.log += [(s, key, None) for key in self.shards[s].take_tombstones()]
+        best: dict[int, tuple[int, str]] = {}
+        for answers in step.answers.values():
+            for r, d, i in zip(answers.rows["request"].tolist(), answers.rows["distance"].tolist(), answers.ids()):
+                if d >= 0 and (int(r) not in best or (d, i) < best[int(r)]):
+                    best[int(r)] = (d, i)
+        return [best[i][1] if i in best else None for i in range(len(pages))]
+
+
+def replay(log, start: dict[int, Shard] | None = None, compacted: bool = False) -> dict[int, Shard]:
+    """Shards rebuilt from changelog records as the store's recovery does (``start``: the shards a
+    snapshot gave); ``compacted``: as Kafka's compaction leaves the log (no record whose key has a
+    tombstone, and no tombstone)."""
+    gone = {key for _, key, value in log if value is None}
+    shards = start if start is not None else {}
+    for s, key, value in log:
+        if compacted and key in gone:
+            continue
+        shard = shards.setdefault(s, Shard(PLAN, None, R))
+        if value is None:
+            shard.forget([key])
+            continue
+        rows = decode([value], CHANGELOG)
+        shard.restore(rows)
+        shard.track(key, int(rows.fetched.max()))
+    return shards
+
+
+def live_rows(shard: Shard) -> dict[int, list[tuple]]:
+    """Per group, the live rows in store order: (fingerprint, fetched, id hash, id, url)."""
+    out = {}
+    for g, store in sorted(shard._groups.items()):
+        alive = store.index.alive_rows()
+        fps, fetched, ids = store.index.fingerprints(), store.fetched.view(), store.id_hash.view()
+        out[g] = [
+            (int(fps[r]), int(fetched[r]), int(ids[r]), store.texts[2 * r], store.texts[2 * r + 1])
+            for r in np.flatnonzero(alive).tolist()
+        ]
+    return {g: rows for g, rows in out.items() if rows}
+
+
+def state(shards: dict[int, Shard]) -> dict:
+    return {s: (live_rows(sh), sh.clock) for s, sh in sorted(shards.items()) if live_rows(sh)}
+
+
+def crawl(seed: int, batches: int = 30, per_batch: int = 40) -> tuple[Worker, list]:
+    """A crawl whose clock moves about R / 8 a batch, with near-duplicates of earlier pages
+    (some old enough to have expired), re-crawls of earlier ids, late pages and one page from a
+    crawler whose clock is a century ahead."""
+    rng = np.random.default_rng(seed)
+    w = Worker()
+    seen: list[tuple[str, int, int]] = []
+    verdicts = []
+    for b in range(batches):
+        now = T0 + b * (R // 8)
+        pages = []
+        for i in range(per_batch):
+            fetched = now - int(rng.integers(0, R // 4))
+            roll = rng.random()
+            if seen and roll < 0.3:  # a near-duplicate of an earlier page, under a new id
+                _, fp, _ = seen[int(rng.integers(0, len(seen)))]
+                pages.append((f"b{b}-{i}", near(fp, int(rng.integers(0, 4)), b * 1000 + i), fetched))
+            elif seen and roll < 0.45:  # a re-crawl of an earlier id, same content
+                pid, fp, _ = seen[int(rng.integers(0, len(seen)))]
+                pages.append((pid, fp, fetched))
+            else:
+                pages.append((f"b{b}-{i}", int(rng.integers(0, 2**63)) * 2 + 1, fetched))
+        if b == batches // 2:
+            pages.append((f"future-{b}", int(rng.integers(0, 2**63)), T0 + 100 * 365 * 86_400_000))
+        verdicts.append(w.judge(pages, now=now))
+        seen += pages
+    return w, verdicts
+
+
+# ---------------------------------------------------------------------------- the index
+
+
+def test_an_expired_page_no_longer_matches_and_a_copy_of_a_live_one_does():
+    w = Worker()
+    a, live = 0x0123_4567_89AB_CDEF, 0x7EDC_BA98_7654_3210
+    assert w.judge([("a", a, T0), ("live", live, T0 + R // 2)]) == [None, None]
+    later = T0 + R + 2 * STEP  # a is older than the retention by then, "live" is not
+    assert w.judge([("a-copy", near(a), later), ("live-copy", near(live), later)]) == [None, "live"]
+    # the copy of the expired page was stored anew: a copy of it matches it, not the expired page
+    assert w.judge([("a-copy-2", near(a, 1, 9), later + 1)]) == ["a-copy"]
+    assert all(fp != a for rows in state(w.shards).values() for group in rows[0].values() for fp, *_ in group)
+
+
+def test_a_recrawl_of_an_expired_page_is_stored_again_under_its_new_time():
+    w = Worker()
+    fp = 0x1111_2222_3333_4444
+    w.judge([("p", fp, T0)])
+    stored = len(w.log)
+    assert w.judge([("p", fp, T0 + R // 4)]) == [None]  # an unchanged re-fetch: not stored again
+    assert len(w.log) == stored
+    w.judge([("p", fp, T0 + R // 2)])  # its copy is half the retention old: stored again, so it lives on
+    assert len(w.log) > stored
+    rng = np.random.default_rng(0)  # other pages move every partition's clock past the first copy
+    w.judge([(f"other{i}", int(x), T0 + R + 2 * STEP) for i, x in enumerate(rng.integers(0, 2**63, size=20))])
+    assert w.judge([("p-copy", near(fp), T0 + R + 3 * STEP)]) == ["p"]  # the renewed copy still matches
+    times = {
+        fetched for _, (rows, _) in state(w.shards).items() for g in rows.values() for f, fetched, *_ in g if f == fp
+    }
+    assert times == {T0 + R // 2}
+
+
+def test_a_page_from_a_clock_in_the_future_does_not_expire_the_index():
+    w = Worker()
+    fp = 0x0F0F_0F0F_0F0F_0F0F
+    w.judge([("p", fp, T0)], now=T0)
+    w.judge([("wrong-clock", 0x1234, T0 + 10 * R)], now=T0 + 1)  # the clock moves to now at most
+    assert w.judge([("p-copy", near(fp), T0 + 2)], now=T0 + 2) == ["p"]
+    assert all(sh.clock <= T0 + 2 for sh in w.shards.values())
+
+
+def test_compaction_returns_the_memory_of_expired_pages():
+    w = Worker()
+    rng = np.random.default_rng(5)
+    peak, sizes = 0, []
+    for b in range(80):  # the clock moves R / 8 a batch: about 8 batches are live at any time
+        t = T0 + b * (R // 8)
+        w.judge([(f"{b}-{i}", int(x), t) for i, x in enumerate(rng.integers(0, 2**63, size=200))], now=t)
+        nbytes = sum(sh.nbytes for sh in w.shards.values())
+        peak = max(peak, nbytes)
+        sizes.append(nbytes)
+        rows = sum(store.rows() for sh in w.shards.values() for store in sh._groups.values())
+        live = sum(len(sh) for sh in w.shards.values())
+        assert rows <= 2 * live + 4 * 200  # compacted once half are dead (plus the batch just stored)
+    assert sum(len(sh) for sh in w.shards.values()) <= 4 * 200 * 10
+    assert max(sizes[40:]) <= max(sizes[:20]) * 1.5  # bounded: no growth with the crawl's length
+
+
+# ---------------------------------------------------------------------------- the changelog
+
+
+def test_tombstones_delete_only_records_whose_rows_have_all_expired():
+    w, _ = crawl(1)
+    tombstoned = {key for _, key, value in w.log if value is None}
+    assert tombstoned  # the crawl is long enough for records to expire
+    live = {(s, row[0], row[1], row[2]) for s, (rows, _) in state(w.shards).items() for g in rows.values() for row in g}
+    for s, key, value in w.log:
+        if value is not None and key in tombstoned:
+            rows = decode([value], CHANGELOG)
+            assert all(int(f) < w.shards[s].cutoff for f in rows.fetched)
+            assert not any(
+                (s, int(fp), int(f), int(h)) in live for fp, f, h in zip(rows.fps, rows.fetched, rows.id_hash)
+            )
+    kept = [(s, key) for s, key, value in w.log if value is not None and key not in tombstoned]
+    assert len(kept) < len([1 for _, _, value in w.log if value is not None])
+
+
+@pytest.mark.parametrize("compacted", [False, True])
+def test_a_replay_of_the_changelog_gives_the_live_state_and_answers(compacted):
+    w, _ = crawl(2)
+    rebuilt = replay(w.log, compacted=compacted)
+    assert state(rebuilt) == state(w.shards)
+    again = Worker(shards=rebuilt)
+    rng = np.random.default_rng(7)
+    t = max(sh.clock for sh in w.shards.values())
+    probes = []
+    for s, (rows, _) in state(w.shards).items():  # copies of live pages, and checks of random ones
+        for g in rows.values():
+            for fp, *_ in g[:: max(1, len(g) // 10)]:
+                probes.append((f"q{len(probes)}", near(fp, 2, len(probes)), t))
+    probes += [(f"r{i}", int(x), t) for i, x in enumerate(rng.integers(0, 2**63, size=20))]
+    assert any(w.judge(probes, now=t, store=False))
+    assert w.judge(probes, now=t, store=False) == again.judge(probes, now=t, store=False)
+    assert w.judge(probes, now=t) == again.judge(probes, now=t)
+
+
+def test_a_snapshot_and_the_changelog_after_it_give_the_live_state(tmp_path):
+    w = Worker(strings=str(tmp_path / "live"))
+    rng = np.random.default_rng(3)
+    snaps, offset = {}, 0
+    for b in range(40):
+        t = T0 + b * (R // 8)
+        fps = rng.integers(0, 2**63, size=60)
+        pages = [(f"{b}-{i}", int(x), t) for i, x in enumerate(fps)]
+        pages += [(f"{b}-c{i}", near(int(x)), t) for i, x in enumerate(fps[:10])]
+        w.judge(pages, now=t)
+        if b == 25:  # the snapshots, and a copy of the string files as they are then
+            for s, sh in w.shards.items():
+                sh.save(tmp_path / f"{s}.shard", {"offset": len(w.log)})
+            for f in tmp_path.glob("live-*.strings"):
+                shutil.copy(f, tmp_path / f.name.replace("live", "snap"))
+            offset = len(w.log)
+    assert any(value is None for _, _, value in w.log[:offset])  # records expired before the snapshot
+    assert any(sh.compacted for sh in w.shards.values())  # string files were rewritten
+    for s in w.shards:
+        snaps[s], meta = Shard.load(tmp_path / f"{s}.shard", PLAN, str(tmp_path / f"snap-{s}"), R)
+        assert meta["offset"] == offset
+    assert state(replay(w.log[offset:], start=snaps)) == state(w.shards)
+
+
+def test_a_snapshot_loaded_with_a_shorter_retention_expires_at_once(tmp_path):
+    w = Worker()
+    new = [(f"new{i}", int(x), T0 + R // 2) for i, x in enumerate(np.random.default_rng(1).integers(0, 2**63, 20))]
+    w.judge([("old", 0xAAAA_0000_0000_0001, T0), *new], now=T0 + R // 2)  # (the new pages reach every partition)
+    for s, sh in w.shards.items():
+        sh.save(tmp_path / f"{s}.shard")
+    same = [Shard.load(tmp_path / f"{s}.shard", PLAN, None, R)[0] for s in w.shards]
+    shorter = [Shard.load(tmp_path / f"{s}.shard", PLAN, None, R // 4)[0] for s in w.shards]
+    ids = {row[2] for sh in same for rows in live_rows(sh).values() for row in rows}
+    assert ids == {hid(p[0]) for p in new} | {hid("old")}
+    ids = {row[2] for sh in shorter for rows in live_rows(sh).values() for row in rows}
+    assert ids == {hid(p[0]) for p in new}
+
+
+def test_without_a_retention_nothing_expires_and_nothing_is_tracked():
+    w = Worker(retention=0)
+    w.judge([("a", 0x42, T0)])
+    w.judge([("b", near(0x42), T0 + 100 * R)])
+    assert [v for _, _, v in w.log if v is None] == []
+    assert w.judge([("c", near(0x42, 1, 3), T0 + 200 * R)]) == ["a"]
+
+
+# ---------------------------------------------------------------------------- the setting
+
+
+@pytest.mark.parametrize(
+    "text, seconds",
+    [("90d", 90 * 86400), ("12h", 43200), ("3600s", 3600), ("3600", 3600), ("30m", 1800), ("2w", 1209600)]
+    + [("0", 0), ("none", 0), (" None ", 0), ("1.5h", 5400)],
+)
+def test_retention_takes_a_duration(text, seconds):
+    assert Settings.from_sources({"retention": text}, {}).retention == seconds
+    assert Settings.from_sources({}, {"STREAMDEDUP_RETENTION": text}).retention == seconds
+
+
+@pytest.mark.parametrize("text", ["90x", "d", "-3d", "ninety days", "0.1s"])
+def test_a_bad_retention_says_how_to_write_one(text):
+    with pytest.raises(SettingsError, match=r"--retention / STREAMDEDUP_RETENTION: .*such as 90d"):
+        Settings.from_sources({"retention": text}, {})
+
+
+def test_retention_is_refused_with_the_band_modes():
+    with pytest.raises(SettingsError, match="simhash only, not minhash; drop --retention"):
+        Settings.from_sources({"retention": "90d", "algorithm": "minhash"}, {})
+    assert Settings.from_sources({"algorithm": "minhash"}, {}).retention == 0
