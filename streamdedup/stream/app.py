@@ -146,7 +146,9 @@ class Worker:
     # ------------------------------------------------------------------ app and agents
     def _build_app(self) -> faust.App:
         s, names = self.settings, internal_topics(self.settings)
-        ShardStore.configure(self.plan, s.data_dir / "snapshots", self._on_restored, self._on_recovered)
+        ShardStore.configure(
+            self.plan, s.data_dir / "snapshots", self._on_restored, self._on_recovered, retention=1000 * s.retention
+        )
         app = faust.App(
             s.app_id,
             broker=faust_broker_url(s),
@@ -762,7 +764,9 @@ class Worker:
         if self.faults:
             probes = [e.value for e in events if kind_of(e.value) == PROBES]
             self.faults.check("shard", decode(probes, PROBES).ids() if probes else [])
-        step = shard_step(self.store.shard, [(e.message.partition, e.value) for e in events])
+        step = shard_step(
+            self.store.shard, [(e.message.partition, e.value) for e in events], now=int(time.time() * 1000)
+        )
         for s, n in step.skipped:
             log.error("shard %d: skipping %d messages that are not probes", s, n)
         writes = []
@@ -770,6 +774,7 @@ class Worker:
             for chunk in _chunks(stored):
                 self._seq += 1
                 key = struct.pack("<I", s) + self._writer + struct.pack("<Q", self._seq)
+                self.store.shard(s).track(key, int(chunk.fetched.max()))  # (--retention: deleted once all expired)
                 writes.append(
                     (
                         s,
@@ -777,6 +782,11 @@ class Worker:
                             s, key, encode(chunk, CHANGELOG), key_serializer="raw", value_serializer="raw"
                         ),
                     )
+                )
+        for s in sorted(step.shards):  # --retention: changelog records whose pages have all expired
+            for key in self.store.shard(s).take_tombstones():
+                writes.append(
+                    (s, self.table.send_changelog(s, key, None, key_serializer="raw", value_serializer="raw"))
                 )
         for s, fut in writes:  # the shard's inserts are durable before anyone hears of them
             self.store.covered(s, (await fut).offset)
@@ -786,7 +796,8 @@ class Worker:
                 sent.append(await self.answers_topic.send(value=encode(chunk, ANSWERS), partition=q))
         await asyncio.gather(*sent)
         for s in step.shards:
-            if self.store.snapshot_due(s, self.settings.snapshot_interval):
+            # (a compaction rewrote the shard's string files: the last snapshot no longer matches them)
+            if self.store.snapshot_due(s, self.settings.snapshot_interval) or self.store.shard(s).compacted:
                 self.store.snapshot(s)
 
     # ------------------------------------------------------------------ metrics
