@@ -737,11 +737,12 @@ class _GroupStore:
 
     def expire(self, cutoff: int, since: int = 0) -> bool:
         """Rows from ``since`` on fetched before ``cutoff`` leave the index; once the dead rows
-        are half of all, every column is compacted (True then).  Live rows keep their order."""
+        are a quarter of all, every column is compacted (True then), so the rows held stay
+        within 4/3 of the live ones.  Live rows keep their order."""
         old = since + np.flatnonzero(self.fetched.view()[since:] < cutoff)
         if len(old):
             self.index.remove_rows(old)
-        if len(self.index) * 2 >= len(self.id_hash) or not len(old):
+        if len(self.index) * 4 >= 3 * len(self.id_hash) or not len(old):
             return False
         live = np.flatnonzero(self.index.alive_rows())
         self.texts.keep(np.stack((2 * live, 2 * live + 1), axis=1).ravel())  # first: the write that can fail

@@ -1,0 +1,76 @@
+"""Memory of a shard on a crawl that never ends, with and without --retention (issue 11).
+
+    python bench/retention_memory.py                        # 4M pages, retention = the last 1M pages' time
+    python bench/retention_memory.py --pages 10000000 --window 2000000
+
+A one-partition shard (every group, as in bench/shard_memory.py) with its strings in a file
+stores ``--pages`` random pages in batches whose fetch times grow by one second a page; with
+the retention, pages older than ``--window`` seconds leave it.  Printed every quarter of the
+crawl: the pages stored so far, the live (page, group) rows, ``Shard.nbytes`` and the process's
+peak RSS above the interpreter at start.  Each mode runs in a fresh process.  Without a
+retention both grow with the crawl; with it they stay at about the window's pages (up to twice
+them between compactions, which run once half of a group's rows have expired).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+
+def run(pages: int, window: int, batch: int, retention: bool) -> list[dict]:
+    from streamdedup.index.tables import TableDesign
+    from streamdedup.pipeline.shard import Shard, ShardPlan
+
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    plan = ShardPlan(TableDesign.named("16"), partitions=1)
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        shard = Shard(plan, f"{tmp}/s", window * 1000 if retention else 0)
+        rng = np.random.default_rng(1)
+        groups = np.tile(np.arange(plan.n_groups), batch)
+        rep = np.repeat(np.arange(batch), plan.n_groups)
+        for start in range(0, pages, batch):
+            fps = rng.integers(0, 2**64 - 1, batch, dtype=np.uint64, endpoint=True)
+            urls = [f"http://example.com/{'x' * 40}/{i:010d}" for i in range(start, start + batch)]
+            fetched = (np.arange(start, start + batch, dtype=np.int64) * 1000)[rep]  # one second a page
+            probe_urls = [urls[i] for i in rep.tolist()]
+            shard.probe_and_insert(groups, fps[rep], fetched, fps[rep] ^ np.uint64(7), probe_urls, probe_urls)
+            done = start + batch
+            if done % max(batch, pages // 4) < batch or done >= pages:
+                peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+                out.append({"pages": done, "rows": len(shard), "nbytes": shard.nbytes, "peak_rss": peak - base})
+        shard.close()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pages", type=int, default=4_000_000)
+    ap.add_argument("--window", type=int, default=1_000_000, help="the retention, in pages (seconds) of the crawl")
+    ap.add_argument("--batch", type=int, default=20_000)
+    ap.add_argument("--run", choices=["on", "off"], help=argparse.SUPPRESS)  # (one run, in a child)
+    a = ap.parse_args()
+    if a.run:
+        print(json.dumps(run(a.pages, a.window, a.batch, a.run == "on")))
+        return
+    print(f"{'retention':>10} {'pages':>11} {'live rows':>11} {'Shard.nbytes':>13} {'peak RSS':>10}")
+    for mode in ("off", "on"):
+        args = [sys.executable, __file__, "--run", mode, "--pages", str(a.pages), "--window", str(a.window)]
+        args += ["--batch", str(a.batch)]
+        for r in json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout):
+            label = f"{a.window:,} s" if mode == "on" else "none"
+            print(
+                f"{label:>10} {r['pages']:>11,} {r['rows']:>11,} {r['nbytes'] / 2**20:>10.0f} MiB "
+                f"{r['peak_rss'] / 2**20:>6.0f} MiB"
+            )
+
+
+if __name__ == "__main__":
+    main()
