@@ -26,6 +26,16 @@ again and is never judged against pages stored after its first insert.  A batch 
 first and then searched (one search of the stored pages, one of a small index of the batch's
 new pages), so a page also finds the pages before it in its own batch, in linear time.
 
+Retention (``--retention``, simhash only; docs/stream-design.md "Retention"): a shard's clock is
+the newest :func:`clock_values` of the rows it stored (their fetch times, never past the wall
+clock at store; carried in the changelog rows, so a replay moves it alike).  Rows fetched
+before the *cutoff* (the clock minus the retention, rounded down to a 64th of it) are dead:
+no match, no position; a group is compacted once a quarter of its rows are dead.  The cutoff
+depends on the clock only, so a replay or a snapshot plus tail expires exactly what the live
+shard did.  The shard keeps, per changelog record key, its rows' newest fetch time, and hands
+out a record's key as a tombstone (:meth:`Shard.take_tombstones`) once that time is expired,
+never while the record holds a live row.
+
 This module imports nothing from faust or aiokafka; the stream layer moves its inputs and
 outputs through Kafka.
 """

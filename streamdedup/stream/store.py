@@ -13,6 +13,11 @@ topics were recreated empty, the snapshot was written by another scheme) is disc
 warning and the shard is rebuilt from the changelog.  A changelog record of another fingerprint
 scheme stops the worker with a message that says what to do: two schemes never share an index.
 
+With ``--retention`` the store tells each shard which changelog record (key) holds which rows
+(:meth:`Shard.track`), and a replayed tombstone (a key with no value) makes it forget the record;
+the shard stage writes the tombstones of records whose rows have all expired.  A compaction of
+a shard rewrites its string files, so the store takes a snapshot right after one.
+
 A shard's offset is a promise: the shard holds every changelog record up to it.  The store keeps
 it by creating and writing shards only where it may (docs/faust-notes.md §12): recovery fills the
 shards of the changelog partitions assigned here (active or standby), and the shard stage stores
