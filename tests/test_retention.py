@@ -343,3 +343,16 @@ def test_retention_is_refused_with_the_band_modes():
     with pytest.raises(SettingsError, match="simhash only, not minhash; drop --retention"):
         Settings.from_sources({"retention": "90d", "algorithm": "minhash"}, {})
     assert Settings.from_sources({"algorithm": "minhash"}, {}).retention == 0
+
+
+def test_the_worker_command_refuses_a_bad_retention_with_a_fix():
+    from click.testing import CliRunner
+
+    from streamdedup.cli import main
+
+    result = CliRunner().invoke(main, ["worker", "--retention", "3 months"])
+    assert result.exit_code == 2, result.output
+    assert "--retention / STREAMDEDUP_RETENTION: '3 months' is not a duration" in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+    result = CliRunner().invoke(main, ["worker", "--retention", "90d", "--algorithm", "combined"])
+    assert result.exit_code == 2 and "use --algorithm simhash" in " ".join(result.output.split())
