@@ -312,6 +312,21 @@ def test_a_snapshot_loaded_with_a_shorter_retention_expires_at_once(tmp_path):
     assert ids == {hid(p[0]) for p in new}
 
 
+def test_a_retention_longer_than_the_crawl_changes_no_verdict():
+    rng = np.random.default_rng(4)
+    forever, long = Worker(retention=0), Worker(retention=1000 * R)
+    seen: list[tuple[str, int, int]] = []
+    for b in range(20):
+        t = T0 + b * R
+        pages = [(f"{b}-{i}", int(x), t) for i, x in enumerate(rng.integers(0, 2**63, 20))]
+        pages += [(f"{b}-n{i}", near(p[1], 2, i), t) for i, p in enumerate(seen[-10:])]
+        pages += [(p[0], p[1], t) for p in seen[:3]]  # re-crawls
+        assert forever.judge(pages, now=t) == long.judge(pages, now=t)
+        seen += pages
+    assert state(forever.shards) == state(long.shards)
+    assert [v for _, _, v in long.log if v is None] == []
+
+
 def test_without_a_retention_nothing_expires_and_nothing_is_tracked():
     w = Worker(retention=0)
     w.judge([("a", 0x42, T0)])

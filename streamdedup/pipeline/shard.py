@@ -673,9 +673,10 @@ class _GroupStore:
             first, inverse = _first_occurrence(id_hash, fps)
             again = pos[first] == start
             if self.renew:  # a re-crawl stored anew (judged where it stands), so it outlives the old copy
-                newest = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
+                newest = np.full(n, _NEVER, dtype=np.int64)
                 np.maximum.at(newest, q[same], self.fetched.view()[row[same]])
-                again |= np.asarray(fetched)[first] - newest[first] >= self.renew
+                held = np.flatnonzero(newest[first] > _NEVER)  # (no subtraction from _NEVER: it would wrap)
+                again[held] |= np.asarray(fetched)[first[held]] - newest[first[held]] >= self.renew
             new[first[again]] = True
             new_idx = np.flatnonzero(new)
             rank = np.full(n, -1, dtype=np.int64)
