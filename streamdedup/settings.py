@@ -323,7 +323,7 @@ class Settings:
         0,
         "Forget stored pages whose fetch time is this much older than the newest one a shard has stored "
         "(e.g. 90d, 12h, 3600s): they leave the index and the shard changelog, so memory stays bounded on a "
-        "crawl that never ends; a later copy is judged and stored anew. simhash only (0 or none: keep forever).",
+        "crawl that never ends; a later copy is judged and stored anew (0 or none: keep forever).",
         _duration,
         "DURATION",
     )
@@ -396,12 +396,6 @@ class Settings:
     def _check_combinations(self) -> None:
         if self.design is not None and self.k != 3:
             raise _error("design", f"named designs are for k=3, not k={self.k}; drop --design or use --k 3")
-        if self.retention and self.algorithm != "simhash":
-            raise _error(
-                "retention",
-                f"works with --algorithm simhash only, not {self.algorithm}; drop --retention (keep pages "
-                "forever) or use --algorithm simhash",
-            )
         seen: dict[str, str] = {}
         for name in TOPIC_FIELDS:
             # Kafka refuses topics that differ only in '.' vs '_' (their metric names collide).

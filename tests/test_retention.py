@@ -16,9 +16,11 @@ import pytest
 import xxhash
 
 from streamdedup.errors import SettingsError
+from streamdedup.index.bands import BandScheme
 from streamdedup.index.hamming import HammingIndex
 from streamdedup.index.tables import TableDesign
-from streamdedup.pipeline.shard import Shard, ShardPlan, shard_step
+from streamdedup.pipeline.bands import BandPlan, BandStore
+from streamdedup.pipeline.shard import Plan, Shard, ShardPlan, shard_step
 from streamdedup.pipeline.wire import CHANGELOG, CHECKS, PROBES, Batch, decode, encode
 from streamdedup.settings import Settings
 
@@ -46,6 +48,7 @@ class Worker:
 
     retention: int = R
     strings: str | None = None
+    plan: Plan = PLAN
     shards: dict[int, Shard] = field(default_factory=dict)
     log: list[tuple[int, bytes, bytes | None]] = field(default_factory=list)
     seq: int = 0
@@ -53,16 +56,20 @@ class Worker:
     def shard(self, s: int) -> Shard:
         if s not in self.shards:
             prefix = None if self.strings is None else f"{self.strings}-{s}"
-            self.shards[s] = Shard(PLAN, prefix, self.retention)
+            self.shards[s] = Shard(self.plan, prefix, self.retention)
         return self.shards[s]
 
-    def judge(self, pages: list[tuple[str, int, int]], now: int | None = None, store: bool = True) -> list:
-        """Pages (id, fingerprint, fetched) as one batch; for each, the id of its match or None."""
+    def judge(self, pages: list[tuple], now: int | None = None, store: bool = True) -> list:
+        """Pages (id, fingerprint, fetched[, MinHash signature: the band plans]) as one batch; for
+        each, the id of its match or None."""
         fps = np.array([p[1] for p in pages], dtype=np.uint64)
-        dest = PLAN.probes(fps)
+        extra = None
+        if isinstance(self.plan, BandPlan):
+            extra = self.plan.scheme.extra(np.stack([p[3] for p in pages]))
+        dest = self.plan.probes(fps, extra)
         kind = PROBES if store else CHECKS
         messages = []
-        for s in range(PLAN.partitions):
+        for s in range(self.plan.partitions):
             page, group = np.nonzero(dest == s)
             if len(page):
                 batch = Batch.build(
@@ -74,6 +81,7 @@ class Worker:
                     urls=[f"http://site/{pages[i][0]}" for i in page],
                     request=page,
                     kind=kind,
+                    extra=None if extra is None else extra[page],
                 )
                 messages.append((s, encode(batch, kind)))
         step = shard_step(self.shard, messages, now)
@@ -92,7 +100,7 @@ class Worker:
         return [best[i][1] if i in best else None for i in range(len(pages))]
 
 
-def replay(log, start: dict[int, Shard] | None = None, compacted: bool = False) -> dict[int, Shard]:
+def replay(log, start: dict[int, Shard] | None = None, compacted: bool = False, plan: Plan = PLAN) -> dict[int, Shard]:
     """Shards rebuilt from changelog records as the store's recovery does (``start``: the shards a
     snapshot gave); ``compacted``: as Kafka's compaction leaves the log (no record whose key has a
     tombstone, and no tombstone)."""
@@ -101,7 +109,7 @@ def replay(log, start: dict[int, Shard] | None = None, compacted: bool = False) 
     for s, key, value in log:
         if compacted and key in gone:
             continue
-        shard = shards.setdefault(s, Shard(PLAN, None, R))
+        shard = shards.setdefault(s, Shard(plan, None, R))
         if value is None:
             shard.forget([key])
             continue
@@ -115,6 +123,21 @@ def live_rows(shard: Shard) -> dict[int, list[tuple]]:
     """Per group, the live rows in store order: (fingerprint, fetched, id hash, id, url)."""
     out = {}
     for g, store in sorted(shard._groups.items()):
+        if isinstance(store, BandStore):  # (no alive mask: rows before the cutoff are the dead ones)
+            t = store.table
+            assert t.times is not None
+            keys = t.keys()
+            out[g] = [
+                (
+                    int(keys[r]),
+                    int(t.times.view()[r]),
+                    int(t.id_hash.view()[r]),
+                    store.texts[2 * r],
+                    store.texts[2 * r + 1],
+                )
+                for r in np.flatnonzero(t.times.view() >= shard.cutoff).tolist()
+            ]
+            continue
         alive = store.index.alive_rows()
         fps, fetched, ids = store.index.fingerprints(), store.fetched.view(), store.id_hash.view()
         out[g] = [
@@ -354,10 +377,9 @@ def test_a_bad_retention_says_how_to_write_one(text):
         Settings.from_sources({"retention": text}, {})
 
 
-def test_retention_is_refused_with_the_band_modes():
-    with pytest.raises(SettingsError, match="simhash only, not minhash; drop --retention"):
-        Settings.from_sources({"retention": "90d", "algorithm": "minhash"}, {})
-    assert Settings.from_sources({"algorithm": "minhash"}, {}).retention == 0
+def test_retention_is_taken_by_every_algorithm():
+    for algorithm in ("simhash", "minhash", "combined"):
+        assert Settings.from_sources({"retention": "90d", "algorithm": algorithm}, {}).retention == 90 * 86400
 
 
 def test_the_worker_command_refuses_a_bad_retention_with_a_fix():
@@ -369,5 +391,79 @@ def test_the_worker_command_refuses_a_bad_retention_with_a_fix():
     assert result.exit_code == 2, result.output
     assert "--retention / STREAMDEDUP_RETENTION: '3 months' is not a duration" in " ".join(result.output.split())
     assert "Traceback" not in result.output
-    result = CliRunner().invoke(main, ["worker", "--retention", "90d", "--algorithm", "combined"])
-    assert result.exit_code == 2 and "use --algorithm simhash" in " ".join(result.output.split())
+
+
+# ---------------------------------------------------------------------------- the band modes
+
+BAND_PLANS = {
+    verify: BandPlan(BandScheme.for_threshold(0.8, 64, verify=verify, k=10), partitions=2)
+    for verify in ("minhash", "combined")
+}
+
+
+def signature(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 2**32, 64, dtype=np.uint32)
+
+
+def band_near(sig: np.ndarray, seed: int, changed: int = 3) -> np.ndarray:
+    """A signature of a near-duplicate: a few values changed (the simhash is kept)."""
+    out = sig.copy()
+    rng = np.random.default_rng(seed)
+    out[rng.choice(len(sig), changed, replace=False)] = rng.integers(0, 2**32, changed, dtype=np.uint32)
+    return out
+
+
+@pytest.mark.parametrize("verify", BAND_PLANS)
+def test_band_modes_expire_pages_too(verify):
+    w = Worker(plan=BAND_PLANS[verify])
+    a, live = signature(1), signature(2)
+    assert w.judge([("a", 0xA, T0, a), ("live", 0xB, T0 + R // 2, live)]) == [None, None]
+    later = T0 + R + 2 * STEP
+    got = w.judge([("a-copy", 0xA, later, band_near(a, 3)), ("live-copy", 0xB, later, band_near(live, 4))])
+    assert got == [None, "live"]
+    assert w.judge([("a-copy-2", 0xA, later + 1, band_near(a, 5))]) == ["a-copy"]
+    w.judge([("a", 0xA, T0 + R // 2 + 1, a)])  # a re-crawl of a (its first copy is gone): stored anew
+    times = {row[1] for rows, _ in state(w.shards).values() for g in rows.values() for row in g if row[2] == hid("a")}
+    assert times == {T0 + R // 2 + 1}
+
+
+def band_crawl(plan: BandPlan, seed: int, batches: int = 24, per_batch: int = 30) -> Worker:
+    rng = np.random.default_rng(seed)
+    w = Worker(plan=plan)
+    seen: list[tuple] = []
+    for b in range(batches):
+        now = T0 + b * (R // 8)
+        pages: list[tuple] = []
+        for i in range(per_batch):
+            fetched, roll = now - int(rng.integers(0, R // 4)), rng.random()
+            if seen and roll < 0.35:
+                pid, fp, _, sig = seen[int(rng.integers(0, len(seen)))]
+                pages.append((f"b{b}-{i}", fp, fetched, band_near(sig, b * 100 + i, int(rng.integers(0, 4)))))
+            elif seen and roll < 0.5:
+                pages.append((*seen[int(rng.integers(0, len(seen)))][:2], fetched, seen[-1][3]))
+            else:
+                pages.append((f"b{b}-{i}", int(rng.integers(0, 2**63)), fetched, signature(b * 1000 + i)))
+        w.judge(pages, now=now)
+        seen += pages
+    return w
+
+
+@pytest.mark.parametrize("verify", BAND_PLANS)
+@pytest.mark.parametrize("compacted", [False, True])
+def test_band_modes_replay_the_changelog_to_the_live_state(verify, compacted):
+    plan = BAND_PLANS[verify]
+    w = band_crawl(plan, 8)
+    assert any(v is None for _, _, v in w.log)
+    assert any(sh.compacted for sh in w.shards.values())
+    assert state(replay(w.log, compacted=compacted, plan=plan)) == state(w.shards)
+
+
+def test_a_band_snapshot_without_fetch_times_is_refused_under_a_retention(tmp_path):
+    plan = BAND_PLANS["minhash"]
+    w = Worker(plan=plan, retention=0)
+    w.judge([("a", 0xA, T0, signature(1))])
+    for s, sh in w.shards.items():
+        sh.save(tmp_path / f"{s}.shard")
+        assert len(Shard.load(tmp_path / f"{s}.shard", plan, None, 0)[0]) > 0  # (fine without one)
+        with pytest.raises(ValueError, match="without their fetch times"):
+            Shard.load(tmp_path / f"{s}.shard", plan, None, R)

@@ -26,7 +26,7 @@ again and is never judged against pages stored after its first insert.  A batch 
 first and then searched (one search of the stored pages, one of a small index of the batch's
 new pages), so a page also finds the pages before it in its own batch, in linear time.
 
-Retention (``--retention``, simhash only; docs/stream-design.md "Retention"): a shard's clock is
+Retention (``--retention``; docs/stream-design.md "Retention"): a shard's clock is
 the newest :func:`clock_values` of the rows it stored (their fetch times, never past the wall
 clock at store; carried in the changelog rows, so a replay moves it alike).  Rows fetched
 before the *cutoff* (the clock minus the retention, rounded down to a 64th of it) are dead:
@@ -78,8 +78,13 @@ class Store(Protocol):
     or an LSH band (:class:`~streamdedup.pipeline.bands.BandStore`)."""
 
     texts: StringHeap
+    renew: int  # with a retention: ms after which a re-crawl of a stored page is stored anew
 
     def __len__(self) -> int: ...
+
+    def rows(self) -> int: ...
+
+    def expire(self, cutoff: int, since: int = 0) -> bool: ...
 
     @property
     def nbytes(self) -> int: ...
@@ -826,20 +831,16 @@ def restored_clock_values(rows: Batch) -> np.ndarray:
 
 
 def _rows(store: Store) -> int:
-    rows = getattr(store, "rows", None)
-    return rows() if rows is not None else len(store)
+    return store.rows()
 
 
 def _expire(store: Store, cutoff: int, since: int = 0) -> bool:
-    expire = getattr(store, "expire", None)
-    if expire is None:  # (the band stores: --retention is refused with them, settings.py)
-        raise ValueError("retention works with the simhash shards only")
-    return bool(expire(cutoff, since))
+    return store.expire(cutoff, since)
 
 
 def _renew(store: Store, retention: int) -> None:
-    if hasattr(store, "expire"):
-        store.renew = max(1, retention // 2)  # type: ignore[attr-defined]
+    """Put a store under a retention: a re-crawl is stored anew once its copy is half of it old."""
+    store.renew = max(1, retention // 2)
 
 
 class _Records:
