@@ -77,8 +77,8 @@ class BandPlan:
 class BandStore:
     """One band's pages in one shard: the band table, and what an answer tells of each stored
     page (its id and URL, in a string heap, read only for the matches reported).  The match's
-    fetch time is not kept (no output carries it; the order is the store order): an answer's
-    ``fetched`` is 0."""
+    fetch time is not reported (no output carries it; the order is the store order): an
+    answer's ``fetched`` is 0; the table keeps the rows' fetch times only under a retention."""
 
     def __init__(self, scheme: BandScheme, band: int, strings: str | None = None) -> None:
         self.band = band

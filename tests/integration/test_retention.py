@@ -63,9 +63,11 @@ def changelog(kafka, topic: str, partitions: int, timeout: float = 60.0) -> list
     return asyncio.run(run())
 
 
-def test_old_pages_expire_from_the_index_and_the_changelog_and_stay_expired_after_restarts(kafka, tmp_path):
+@pytest.mark.parametrize("algorithm", ["simhash", "minhash"])
+def test_old_pages_expire_from_the_index_and_the_changelog_and_stay_expired_after_restarts(kafka, tmp_path, algorithm):
     topics = StreamTopics.fresh(kafka, partitions=2)
-    worker = WorkerProcess(kafka, topics, tmp_path, env={"STREAMDEDUP_RETENTION": "30d"})
+    env = {"STREAMDEDUP_RETENTION": "30d", "STREAMDEDUP_ALGORITHM": algorithm}
+    worker = WorkerProcess(kafka, topics, tmp_path, env=env)
     url = "http://ret.test/"
     n = 0
     with worker:
@@ -136,14 +138,14 @@ def test_old_pages_expire_from_the_index_and_the_changelog_and_stay_expired_afte
     name = f"{topics.app_id}-shards-changelog"
     compact_eagerly(kafka, name)
     time.sleep(1.5)  # (segment.ms: the next write after this rolls the segment)
-    with WorkerProcess(kafka, topics, tmp_path, env={"STREAMDEDUP_RETENTION": "30d"}):  # from the snapshots
+    with WorkerProcess(kafka, topics, tmp_path, env=env):  # from the snapshots
         check(1)
     deadline = time.monotonic() + 120
     while any(m.value is not None and (m.partition, m.key) in tombstones for m in changelog(kafka, name, 2)):
         assert time.monotonic() < deadline, "the broker did not compact the expired records away within 120 s"
         time.sleep(1)
     shutil.rmtree(worker.dir / "data")  # no snapshot: the shards come from the compacted changelog alone
-    with WorkerProcess(kafka, topics, tmp_path, env={"STREAMDEDUP_RETENTION": "30d"}):
+    with WorkerProcess(kafka, topics, tmp_path, env=env):
         check(2)
 
 
