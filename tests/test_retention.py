@@ -212,6 +212,18 @@ def test_a_recrawl_of_an_expired_page_is_stored_again_under_its_new_time():
     assert times == {T0 + R // 2}
 
 
+def test_a_batch_delivered_again_stores_nothing_and_gets_the_same_answers():
+    w, _ = crawl(6, batches=12)
+    rng = np.random.default_rng(2)
+    t = max(sh.clock for sh in w.shards.values())
+    pages = [(f"again{i}", int(x), t - int(rng.integers(0, R))) for i, x in enumerate(rng.integers(0, 2**63, 30))]
+    pages += [(f"again-n{i}", near(p[1]), p[2]) for i, p in enumerate(pages[:10])]
+    first = w.judge(pages, now=t)
+    records = len(w.log)
+    assert w.judge(pages, now=t) == first  # (after a SIGKILL: the same pages, the same fetch times)
+    assert len(w.log) == records
+
+
 def test_a_page_from_a_clock_in_the_future_does_not_expire_the_index():
     w = Worker()
     fp = 0x0F0F_0F0F_0F0F_0F0F
@@ -467,3 +479,20 @@ def test_a_band_snapshot_without_fetch_times_is_refused_under_a_retention(tmp_pa
         assert len(Shard.load(tmp_path / f"{s}.shard", plan, None, 0)[0]) > 0  # (fine without one)
         with pytest.raises(ValueError, match="without their fetch times"):
             Shard.load(tmp_path / f"{s}.shard", plan, None, R)
+
+
+@pytest.mark.parametrize("plan", [PLAN, BAND_PLANS["minhash"]], ids=["simhash", "minhash"])
+def test_a_page_older_than_the_cutoff_is_judged_but_not_stored(plan):
+    w = Worker(plan=plan)
+    sig = signature(3)
+    rng = np.random.default_rng(9)  # (other pages move every partition's clock)
+    w.judge(
+        [("live", 0xC0FFEE, T0 + R, sig)]
+        + [(f"o{i}", int(rng.integers(0, 2**63)), T0 + R, signature(50 + i)) for i in range(20)]
+    )
+    records = len(w.log)
+    late = T0 - 2 * STEP  # behind the cutoff the live page's time gives the clock
+    assert w.judge([("late", 0xC0FFEE ^ 1, late, band_near(sig, 1))]) == ["live"]
+    assert w.judge([("late", 0xC0FFEE ^ 1, late, band_near(sig, 1))]) == ["live"]  # delivered again
+    assert len(w.log) == records  # nothing stored, nothing written
+    assert w.judge([("late-copy", 0xC0FFEE ^ 1, late + 1, band_near(sig, 1))]) == ["live"]  # "late" is not there

@@ -395,6 +395,8 @@ class BandTable:
                 np.maximum.at(newest, q[same], times[row[same]])
                 held = np.flatnonzero(newest > np.iinfo(np.int64).min)
                 again[held] |= np.asarray(fetched, dtype=np.int64)[held] - newest[held] >= renew
+            if cutoff is not None:  # a page already older than the cutoff is judged, not stored
+                again &= np.asarray(fetched, dtype=np.int64) >= cutoff
             # the first probe of each (id hash, simhash, key) not stored yet is stored, in order
             triples = np.stack((id_hash, fps, keys), axis=1)
             _, first, inverse = np.unique(triples, axis=0, return_index=True, return_inverse=True)
@@ -406,7 +408,9 @@ class BandTable:
                     before_insert(new_idx)
                 rank_of = np.full(n, -1, dtype=np.int64)
                 rank_of[new_idx] = np.arange(len(new_idx))
-                pos[fresh] = start + rank_of[first[inverse[fresh]]]
+                stands = np.flatnonzero(fresh)
+                ranked = rank_of[first[inverse[stands]]]  # (-1: not stored; it stands after every stored page)
+                pos[stands[ranked >= 0]] = start + ranked[ranked >= 0]
                 self.add(
                     keys[new_idx],
                     fps[new_idx],

@@ -682,12 +682,15 @@ class _GroupStore:
                 np.maximum.at(newest, q[same], self.fetched.view()[row[same]])
                 held = np.flatnonzero(newest[first] > _NEVER)  # (no subtraction from _NEVER: it would wrap)
                 again[held] |= np.asarray(fetched)[first[held]] - newest[first[held]] >= self.renew
+            if cutoff is not None:  # a page already older than the cutoff is judged, not stored
+                again &= np.asarray(fetched)[first] >= cutoff
             new[first[again]] = True
             new_idx = np.flatnonzero(new)
             rank = np.full(n, -1, dtype=np.int64)
             rank[new_idx] = np.arange(len(new_idx))
-            fresh = pos == start
-            pos[fresh] = start + rank[first[inverse[fresh]]]
+            fresh = np.flatnonzero(pos == start)
+            ranked = rank[first[inverse[fresh]]]  # (-1: not stored; it stands after every stored page)
+            pos[fresh[ranked >= 0]] = start + ranked[ranked >= 0]
             if len(new_idx):
                 # the strings first: their write can fail (a full disk) and leaves the rest untouched.
                 # An id equal to its url (the default) is stored as "" (ids are never empty)
