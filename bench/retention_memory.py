@@ -2,6 +2,7 @@
 
     python bench/retention_memory.py                        # 4M pages, retention = the last 1M pages' time
     python bench/retention_memory.py --pages 10000000 --window 2000000
+    python bench/retention_memory.py --algorithm minhash --pages 1000000 --window 250000
 
 A one-partition shard (every group, as in bench/shard_memory.py) with its strings in a file
 stores ``--pages`` random pages in batches whose fetch times grow by one second a page; with
@@ -26,12 +27,18 @@ import time
 import numpy as np
 
 
-def run(pages: int, window: int, batch: int, retention: bool) -> list[dict]:
+def run(pages: int, window: int, batch: int, retention: bool, algorithm: str = "simhash") -> list[dict]:
+    from streamdedup.index.bands import BandScheme
     from streamdedup.index.tables import TableDesign
-    from streamdedup.pipeline.shard import Shard, ShardPlan
+    from streamdedup.pipeline.bands import BandPlan
+    from streamdedup.pipeline.shard import Plan, Shard, ShardPlan
 
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    plan = ShardPlan(TableDesign.named("16"), partitions=1)
+    plan: Plan = ShardPlan(TableDesign.named("16"), partitions=1)
+    scheme = None
+    if algorithm != "simhash":
+        scheme = BandScheme.for_threshold(0.8, 128, verify=algorithm)
+        plan = BandPlan(scheme, partitions=1)
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         shard = Shard(plan, f"{tmp}/s", window * 1000 if retention else 0)
@@ -44,8 +51,13 @@ def run(pages: int, window: int, batch: int, retention: bool) -> list[dict]:
             urls = [f"http://example.com/{'x' * 40}/{i:010d}" for i in range(start, start + batch)]
             fetched = (np.arange(start, start + batch, dtype=np.int64) * 1000)[rep]  # one second a page
             probe_urls = [urls[i] for i in rep.tolist()]
+            extra = None
+            if scheme is not None:
+                extra = scheme.extra(rng.integers(0, 2**32, (batch, scheme.num_perm), dtype=np.uint32))[rep]
             t0 = time.perf_counter()
-            shard.probe_and_insert(groups, fps[rep], fetched, fps[rep] ^ np.uint64(7), probe_urls, probe_urls)
+            shard.probe_and_insert(
+                groups, fps[rep], fetched, fps[rep] ^ np.uint64(7), probe_urls, probe_urls, extra=extra
+            )
             slowest = max(slowest, time.perf_counter() - t0)
             done = start + batch
             if done % max(batch, pages // 4) < batch or done >= pages:
@@ -69,17 +81,18 @@ def main() -> None:
     ap.add_argument("--pages", type=int, default=4_000_000)
     ap.add_argument("--window", type=int, default=1_000_000, help="the retention, in pages (seconds) of the crawl")
     ap.add_argument("--batch", type=int, default=20_000)
+    ap.add_argument("--algorithm", default="simhash", choices=["simhash", "minhash", "combined"])
     ap.add_argument("--run", choices=["on", "off"], help=argparse.SUPPRESS)  # (one run, in a child)
     a = ap.parse_args()
     if a.run:
-        print(json.dumps(run(a.pages, a.window, a.batch, a.run == "on")))
+        print(json.dumps(run(a.pages, a.window, a.batch, a.run == "on", a.algorithm)))
         return
     print(
         f"{'retention':>11} {'pages':>11} {'live rows':>11} {'Shard.nbytes':>13} {'peak RSS':>10} {'slowest batch':>14}"
     )
     for mode in ("off", "on"):
         args = [sys.executable, __file__, "--run", mode, "--pages", str(a.pages), "--window", str(a.window)]
-        args += ["--batch", str(a.batch)]
+        args += ["--batch", str(a.batch), "--algorithm", a.algorithm]
         for r in json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout):
             label = f"{a.window:,} s" if mode == "on" else "none"
             print(

@@ -119,7 +119,7 @@ class BandStore:
         return True
 
     def __len__(self) -> int:
-        return len(self.table)
+        return len(self.table) - self._dead  # (rows expired and not compacted away yet: not counted)
 
     def prepare(self) -> None:
         self.table.prepare()

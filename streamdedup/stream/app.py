@@ -797,7 +797,9 @@ class Worker:
         await asyncio.gather(*sent)
         for s in step.shards:
             # (a compaction rewrote the shard's string files: the last snapshot no longer matches them)
-            if self.store.snapshot_due(s, self.settings.snapshot_interval) or self.store.shard(s).compacted:
+            if compacted := self.store.shard(s).compacted:
+                log.info("shard %d: expired pages compacted away, %d entries live", s, len(self.store.shard(s)))
+            if self.store.snapshot_due(s, self.settings.snapshot_interval) or compacted:
                 self.store.snapshot(s)
 
     # ------------------------------------------------------------------ metrics
