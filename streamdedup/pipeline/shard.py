@@ -348,7 +348,9 @@ class Shard:
         self.clock = 0  # the newest clock value of the rows stored (replays give the same)
         self._applied = _NEVER  # the cutoff every group and the record table were expired to
         self._records = _Records()  # changelog record key -> newest fetch time of its rows
-        self.tombstones: list[bytes] = []  # keys of expired records, to delete from the changelog
+        # keys of expired records, to delete from the changelog (a dict: an ordered set, so that a
+        # replay that reads their tombstones removes each in O(1))
+        self.tombstones: dict[bytes, None] = {}
         self.compacted = False  # a group was compacted since the last snapshot (its string file was rewritten)
 
     def close(self) -> None:
@@ -449,7 +451,7 @@ class Shard:
         if cutoff > self._applied:
             for gstore in self._groups.values():
                 self.compacted |= _expire(gstore, cutoff)
-            self.tombstones += self._records.expire(cutoff)
+            self.tombstones.update(dict.fromkeys(self._records.expire(cutoff)))
             self._applied = cutoff
         else:
             for g, start in starts.items():
@@ -462,20 +464,23 @@ class Shard:
         if not self.retention or len(key) != _Records.KEY_BYTES:
             return
         if newest < self._applied:
-            self.tombstones.append(key)
+            self.tombstones[key] = None
         else:
             self._records.add(key, newest)
 
     def forget(self, keys: list[bytes]) -> None:
         """Tombstones read from the changelog (a replay): their records are deleted already."""
         if keys and self.retention:
-            gone = set(keys)
-            self.tombstones = [k for k in self.tombstones if k not in gone]
-            self._records.drop(keys)
+            # mostly records this shard found expired too (waiting here); the others are looked up
+            rest = [k for k in keys if k not in self.tombstones]
+            for k in keys:
+                self.tombstones.pop(k, None)
+            if rest:
+                self._records.drop(rest)
 
     def take_tombstones(self) -> list[bytes]:
         """The keys of the expired changelog records not handed out yet (the caller deletes them)."""
-        out, self.tombstones = self.tombstones, []
+        out, self.tombstones = list(self.tombstones), {}
         return out
 
     def save(self, path: os.PathLike[str] | str, meta: dict | None = None) -> None:
@@ -485,7 +490,7 @@ class Shard:
         arrays: dict[str, np.ndarray] = {"plan": np.array(self.plan.describe()), "clock": np.array(self.clock)}
         if self.retention:
             arrays.update(self._records.state())
-            arrays["tombstones"] = _Records.as_keys(self.tombstones)
+            arrays["tombstones"] = _Records.as_keys(list(self.tombstones))
         for g, store in self._groups.items():
             for name, value in store.state().items():
                 arrays[f"g{g}.{name}"] = value
@@ -510,7 +515,7 @@ class Shard:
         shard.clock = int(arrays.get("clock", 0))
         if retention:
             shard._records = _Records.from_state(arrays)
-            shard.tombstones = _Records.from_keys(arrays.get("tombstones"))
+            shard.tombstones = dict.fromkeys(_Records.from_keys(arrays.get("tombstones")))
         groups: dict[int, dict[str, np.ndarray]] = {}
         for key, value in arrays.items():
             if key.startswith("g"):
