@@ -274,6 +274,37 @@ def test_an_index_that_keeps_some_rows_answers_as_one_built_from_them():
 # ---------------------------------------------------------------------------- the changelog
 
 
+def test_the_live_pages_answer_as_a_shard_that_only_ever_stored_them_in_their_order():
+    """The order rule among live rows survives expiry and compaction: a shard without retention
+    that stored just the live rows, in their order, gives every answer the same."""
+    w, _ = crawl(4)
+    assert any(sh.compacted for sh in w.shards.values())
+    only_live = Worker(retention=0)
+    for s, (groups, _) in state(w.shards).items():
+        for g, rows in groups.items():
+            only_live.shard(s).restore(
+                Batch.build(
+                    group=g,
+                    fps=[r[0] for r in rows],
+                    fetched=[r[1] for r in rows],
+                    id_hash=[r[2] for r in rows],
+                    ids=[r[3] or r[4] for r in rows],
+                    urls=[r[4] for r in rows],
+                )
+            )
+    t = min(sh.clock for sh in w.shards.values())  # (no probe moves a shard's cutoff)
+    rng = np.random.default_rng(12)
+    probes = []
+    for _, (groups, _) in state(w.shards).items():
+        for rows in groups.values():
+            for fp, _, _, id_text, url in rows[:: max(1, len(rows) // 15)]:
+                probes.append((f"q{len(probes)}", near(fp, int(rng.integers(0, 4)), len(probes)), t))
+                probes.append((id_text or url.rsplit("/", 1)[1], fp, t))  # a stored page itself, again
+    answers = w.judge(probes, now=t, store=False)
+    assert sum(a is not None for a in answers) > len(probes) // 4
+    assert answers == only_live.judge(probes, now=t, store=False)
+
+
 def test_tombstones_delete_only_records_whose_rows_have_all_expired():
     w, _ = crawl(1)
     tombstoned = {key for _, key, value in w.log if value is None}
