@@ -133,6 +133,29 @@ def _brokers(v: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def _duration(v: Any) -> int:
+    """A span of time as whole seconds: ``90d``, ``12h``, ``30m``, ``3600s``, ``2w`` or a bare number
+    of seconds; ``0``, ``none``, ``off`` or ``forever`` mean no limit (0).
+
+    >>> _duration("90d"), _duration("1.5h"), _duration("3600"), _duration("none")
+    (7776000, 5400, 3600, 0)
+    """
+    s = str(v).strip().lower()
+    if s in ("0", "none", "off", "forever", "never"):
+        return 0
+    m = re.fullmatch(r"(\d+(?:\.\d*)?|\.\d+)\s*([smhdw]?)", s)
+    hint = "use a number and a unit s, m, h, d or w, such as 90d, 12h or 3600s (0 or none: keep pages forever)"
+    if isinstance(v, bool) or m is None:
+        raise ValueError(f"{v!r} is not a duration; {hint}")
+    seconds = round(float(m[1]) * _DURATION_UNITS[m[2] or "s"])
+    if seconds < 1:
+        raise ValueError(f"{v!r} is shorter than a second; {hint}")
+    return seconds
+
+
 def _path(v: Any) -> Path:
     return Path(_text(v)).expanduser()
 
@@ -302,6 +325,15 @@ class Settings:
         "worker stalls every verdict for about this long.",
         _int(6, 1800, "use 6..1800 seconds, within the broker's group.min/max.session.timeout.ms"),
         "SECONDS",
+    )
+    retention: int = _f(
+        "--retention",
+        0,
+        "Forget stored pages whose fetch time is this much older than the newest one a shard has stored "
+        "(e.g. 90d, 12h, 3600s): they leave the index and the shard changelog, so memory stays bounded on a "
+        "crawl that never ends; a later copy is judged and stored anew (0 or none: keep forever).",
+        _duration,
+        "DURATION",
     )
     index_memory_limit: int = _f(
         "--index-memory-limit",

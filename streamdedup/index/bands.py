@@ -234,13 +234,42 @@ class BandTable:
         self.sketch = GrowingArray(np.uint8, (scheme.sketch_bytes,))
         self._base, self._mid = _Run.empty(), _Run.empty()
         self._tail = GrowingArray(_U64)  # the keys of the newest rows, unsorted
+        self.times: GrowingArray | None = None  # fetch times, kept only under a retention (timed())
+
+    def timed(self) -> None:
+        """Keep each row's fetch time from now on (a retention expires rows by it).  ValueError if
+        rows are stored already without theirs."""
+        if self.times is None:
+            if len(self):
+                raise ValueError("the band table holds rows without their fetch times (written without a retention)")
+            self.times = GrowingArray(np.int64)
+
+    def keep_rows(self, rows: np.ndarray) -> None:
+        """Keep only ``rows`` (ascending), renumbered in their order, in fresh arrays (the runs
+        are sorted again)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        keys, fps, ids = self.keys()[rows], self.fps.view()[rows], self.id_hash.view()[rows]
+        earlier, sketch = self.tags.view()[rows], self.sketch.view()[rows]
+        times = None if self.times is None else self.times.view()[rows]
+        self.__init__(self.scheme, self.band)  # type: ignore[misc]
+        if times is not None:
+            self.timed()
+        self.add(keys, fps, ids, sketch, earlier, times)
+        self.prepare()
 
     def __len__(self) -> int:
         return len(self.fps)
 
     @property
     def nbytes(self) -> int:
-        cols = [self.fps, self.id_hash, self.tags, self.sketch, self._tail]
+        cols = [
+            self.fps,
+            self.id_hash,
+            self.tags,
+            self.sketch,
+            self._tail,
+            *([] if self.times is None else [self.times]),
+        ]
         return sum(c.nbytes for c in cols) + self._base.nbytes + self._mid.nbytes
 
     def keys(self) -> np.ndarray:
@@ -254,12 +283,16 @@ class BandTable:
     def state(self) -> dict[str, np.ndarray]:
         out = {"keys": self.keys(), "fps": self.fps.view(), "id_hash": self.id_hash.view(), "tags": self.tags.view()}
         out["sketch"] = self.sketch.view()
+        if self.times is not None:
+            out["fetched"] = self.times.view()
         return out
 
     @classmethod
     def from_state(cls, scheme: BandScheme, band: int, state: dict[str, np.ndarray]) -> BandTable:
         table = cls(scheme, band)
-        table.add(state["keys"], state["fps"], state["id_hash"], state["sketch"], state["tags"])
+        if "fetched" in state:
+            table.timed()
+        table.add(state["keys"], state["fps"], state["id_hash"], state["sketch"], state["tags"], state.get("fetched"))
         table.prepare()
         return table
 
@@ -270,14 +303,18 @@ class BandTable:
         id_hash: np.ndarray,
         sketch: np.ndarray,
         earlier: np.ndarray,
+        fetched: np.ndarray | None = None,
     ) -> None:
-        """Append rows: this band's keys, and ``earlier`` (n, band) tags of the bands before it."""
+        """Append rows: this band's keys, and ``earlier`` (n, band) tags of the bands before it;
+        ``fetched``: their fetch times (kept if the table is :meth:`timed`)."""
         if len(self) + len(keys) >= 2**31:
             raise ValueError("a band table holds fewer than 2**31 rows; use more shard partitions")
         self.fps.extend(np.asarray(fps, dtype=_U64))
         self.id_hash.extend(np.asarray(id_hash, dtype=_U64))
         self.tags.extend(np.asarray(earlier, dtype=np.uint32).reshape(len(keys), self.band))
         self.sketch.extend(np.asarray(sketch, dtype=np.uint8).reshape(len(keys), self.scheme.sketch_bytes))
+        if self.times is not None:
+            self.times.extend(np.zeros(len(keys), np.int64) if fetched is None else np.asarray(fetched, np.int64))
         self._tail.extend(np.asarray(keys, dtype=_U64))
         if len(self._tail) > _TAIL_MAX:
             self._fold()
@@ -318,6 +355,9 @@ class BandTable:
         earlier: np.ndarray,
         insert: bool = True,
         before_insert: Callable[[np.ndarray], object] | None = None,
+        fetched: np.ndarray | None = None,
+        cutoff: int | None = None,
+        renew: int = 0,
     ) -> BandMatches:
         """Store a batch's new pages in order, then give each probe its best match under the rule.
 
@@ -326,35 +366,58 @@ class BandTable:
         key) is stored already (a replay or an unchanged re-fetch): then at its first store.
         ``insert=False`` only answers (a check).  ``before_insert(positions)`` is called with the
         batch positions of the new pages before they are stored.  Linear in the batch.
+
+        A :meth:`timed` table under a retention: ``fetched``, the probes' fetch times; rows fetched
+        before ``cutoff`` count as gone; a page stored again (same id, simhash and key) is stored
+        anew once its newest copy is ``renew`` older (judged where its first copy stands).
         """
+        times = self.times.view() if self.times is not None else None
+        if times is None or fetched is None:
+            cutoff, renew = None, 0
         keys, fps, id_hash = (np.asarray(a, dtype=_U64) for a in (keys, fps, id_hash))
         earlier = np.asarray(earlier, dtype=np.uint32).reshape(len(keys), self.band)
         n, start = len(keys), len(self)
         q, row = self.lookup(keys)
+        if cutoff is not None:
+            assert times is not None
+            live = times[row] >= cutoff
+            q, row = q[live], row[live]
         pos = np.full(n, start, dtype=np.int64)
         same = (self.id_hash.view()[row] == id_hash[q]) & (self.fps.view()[row] == fps[q])
         np.minimum.at(pos, q[same], row[same])
         new = np.zeros(n, dtype=bool)
         if insert:
             fresh = pos == start
+            again = fresh.copy()
+            if renew:
+                assert times is not None and fetched is not None
+                newest = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
+                np.maximum.at(newest, q[same], times[row[same]])
+                held = np.flatnonzero(newest > np.iinfo(np.int64).min)
+                again[held] |= np.asarray(fetched, dtype=np.int64)[held] - newest[held] >= renew
+            if cutoff is not None:  # a page already older than the cutoff is judged, not stored
+                again &= np.asarray(fetched, dtype=np.int64) >= cutoff
             # the first probe of each (id hash, simhash, key) not stored yet is stored, in order
             triples = np.stack((id_hash, fps, keys), axis=1)
             _, first, inverse = np.unique(triples, axis=0, return_index=True, return_inverse=True)
             inverse = inverse.ravel()
-            new[first[fresh[first]]] = True
+            new[first[again[first]]] = True
             new_idx = np.flatnonzero(new)
             if len(new_idx):
                 if before_insert is not None:
                     before_insert(new_idx)
                 rank_of = np.full(n, -1, dtype=np.int64)
                 rank_of[new_idx] = np.arange(len(new_idx))
-                pos[fresh] = start + rank_of[first[inverse[fresh]]]
+                stands = np.flatnonzero(fresh)
+                ranked = rank_of[first[inverse[stands]]]  # (-1: not stored; it stands after every stored page)
+                pos[stands[ranked >= 0]] = start + ranked[ranked >= 0]
                 self.add(
                     keys[new_idx],
                     fps[new_idx],
                     id_hash[new_idx],
                     np.asarray(sketch)[new_idx],
                     earlier[new_idx],
+                    None if fetched is None else np.asarray(fetched)[new_idx],
                 )
                 # and the batch against its own new pages (rows start.., in order): no second
                 # lookup of the stored ones
@@ -362,6 +425,9 @@ class BandTable:
                 q, row = np.concatenate((q, q2)), np.concatenate((row, start + i2))
         # the rule: stored before the probe, another id, and this band is the pair's canonical one
         keep = (row < pos[q]) & (self.id_hash.view()[row] != id_hash[q])
+        if cutoff is not None:  # (the batch's own new pages too)
+            assert self.times is not None
+            keep &= self.times.view()[row] >= cutoff
         if self.band:
             keep &= (self.tags.view()[row] != earlier[q]).all(axis=1)
         q, row = q[keep], row[keep]

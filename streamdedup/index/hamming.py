@@ -223,6 +223,46 @@ class HammingIndex:
             self._compact()
         return True
 
+    def remove_rows(self, rows: np.ndarray) -> int:
+        """Mark rows (from :meth:`search`) dead, with no compaction: the caller that keeps columns
+        parallel to the rows compacts them together (:meth:`keep_rows`).  Returns how many died."""
+        rows = np.asarray(rows, dtype=np.int64)
+        rows = np.unique(rows[self._alive[rows]])
+        self._alive[rows] = False
+        self._dead += len(rows)
+        return len(rows)
+
+    def alive_rows(self) -> np.ndarray:
+        """The alive mask by row (a view: valid until the next add)."""
+        return self._alive[: self._n]
+
+    def keep_rows(self, rows: np.ndarray) -> None:
+        """Keep only ``rows`` (ascending), renumbered 0..len-1 in their order, in fresh arrays of
+        their size: the memory of the others is returned.  Ids that were the row numbers stay so."""
+        rows = np.asarray(rows, dtype=np.int64)
+        # each run filtered and its rows renumbered: the order of key << 32 | row is kept (the
+        # renumbering is monotone), so nothing is sorted again; done in chunks to bound the copies
+        new_row = np.full(self._n, -1, dtype=np.int64)
+        new_row[rows] = np.arange(len(rows))
+        runs, chunk, high = [], 1 << 22, np.uint64(0xFFFFFFFF_00000000)
+        for run in self._runs:
+            parts = []
+            for at in range(0, len(run.entries), chunk):
+                entries = run.entries[at : at + chunk]
+                renumbered = new_row[(entries & np.uint64(0xFFFFFFFF)).astype(np.int64)]
+                kept = renumbered >= 0
+                parts.append((entries[kept] & high) | renumbered[kept].astype(np.uint64))
+            entries = np.concatenate(parts) if parts else np.empty(0, np.uint64)
+            if len(entries):
+                runs.append(_Run(entries))
+        fps = self._fps[rows].copy()
+        self._ids = _Ids(rows=len(rows)) if self._ids.identity else self._ids.keep(rows)
+        self._n, self._dead = len(rows), 0
+        self._fps = fps if len(fps) else np.empty(1024, dtype=np.uint64)
+        self._alive = np.ones(max(len(rows), len(self._fps)), dtype=bool)
+        self._alive[self._n :] = False
+        self._runs = runs
+
     # --------------------------------------------------------------- reads
     def prepare(self) -> None:
         """Build every run's lookup directory now (queries build them lazily otherwise)."""

@@ -77,16 +77,49 @@ class BandPlan:
 class BandStore:
     """One band's pages in one shard: the band table, and what an answer tells of each stored
     page (its id and URL, in a string heap, read only for the matches reported).  The match's
-    fetch time is not kept (no output carries it; the order is the store order): an answer's
-    ``fetched`` is 0."""
+    fetch time is not reported (no output carries it; the order is the store order): an
+    answer's ``fetched`` is 0; the table keeps the rows' fetch times only under a retention."""
 
     def __init__(self, scheme: BandScheme, band: int, strings: str | None = None) -> None:
         self.band = band
         self.table = BandTable(scheme, band)
         self.texts = StringHeap(strings)  # id of row r at 2r ("" when it is the url), its url at 2r + 1
 
-    def __len__(self) -> int:
+    # With a retention (:mod:`streamdedup.pipeline.shard`): the table keeps each row's fetch time,
+    # a re-crawl is stored anew after ``renew`` ms, and rows before the cutoff are gone.
+    _renew = 0
+    _dead = 0  # rows fetched before the cutoff last applied, not compacted away yet
+
+    @property
+    def renew(self) -> int:
+        return self._renew
+
+    @renew.setter
+    def renew(self, ms: int) -> None:
+        self.table.timed()  # (ValueError for a table of a snapshot written without a retention)
+        self._renew = ms
+
+    def rows(self) -> int:
         return len(self.table)
+
+    def expire(self, cutoff: int, since: int = 0) -> bool:
+        """Count the rows from ``since`` on fetched before ``cutoff`` as dead (``since`` 0: all of
+        them again); once they are a quarter of all, keep only the others (True then)."""
+        times = self.table.times
+        if times is None:
+            return False
+        dead = int((times.view()[since:] < cutoff).sum())
+        self._dead = dead if since == 0 else self._dead + dead
+        if self._dead * 4 <= len(self.table):
+            return False
+        live = np.flatnonzero(times.view() >= cutoff)
+        self.texts.keep(np.stack((2 * live, 2 * live + 1), axis=1).ravel())  # first: the write that can fail
+        self.table.keep_rows(live)
+        self._dead = 0
+        return True
+
+    def __len__(self) -> int:
+        return len(self.table) - self._dead  # (rows expired and not compacted away yet: not counted)
 
     def prepare(self) -> None:
         self.table.prepare()
@@ -102,15 +135,27 @@ class BandStore:
         return keys[:, self.band], tags(keys[:, : self.band]), sketch
 
     def probe_and_insert(
-        self, sel, fps, fetched, id_hash, ids, urls, out: Answers, insert: bool = True, extra=None
+        self, sel, fps, fetched, id_hash, ids, urls, out: Answers, insert: bool = True, extra=None, cutoff=None
     ) -> None:
-        """Store the batch's new pages, then answer every probe (:meth:`BandTable.judge`)."""
+        """Store the batch's new pages, then answer every probe (:meth:`BandTable.judge`;
+        ``cutoff``: with a retention, rows fetched before it are gone)."""
         key, earlier, sketch = self._split(extra)
 
         def store_strings(new: np.ndarray) -> None:  # first: the write that can fail (a full disk)
             self.texts.extend([x for i in new.tolist() for x in ("" if ids[i] == urls[i] else ids[i], urls[i])])
 
-        found = self.table.judge(key, fps, id_hash, sketch, earlier, insert, before_insert=store_strings)
+        found = self.table.judge(
+            key,
+            fps,
+            id_hash,
+            sketch,
+            earlier,
+            insert,
+            before_insert=store_strings,
+            fetched=fetched if self.table.times is not None else None,
+            cutoff=cutoff,
+            renew=self._renew,
+        )
         out.stored[sel[found.new]] = True
         hit = np.flatnonzero(found.rank >= 0)
         p, r = sel[hit], found.row[hit]
@@ -129,4 +174,4 @@ class BandStore:
         """Store changelog rows as they are (recovery: no probing)."""
         key, earlier, sketch = self._split(rec.extra)
         self.texts.extend_raw(rec.strings, rec.lengths)  # first: the write that can fail
-        self.table.add(key, rec.fps, rec.id_hash, sketch, earlier)
+        self.table.add(key, rec.fps, rec.id_hash, sketch, earlier, rec.fetched)

@@ -26,6 +26,16 @@ again and is never judged against pages stored after its first insert.  A batch 
 first and then searched (one search of the stored pages, one of a small index of the batch's
 new pages), so a page also finds the pages before it in its own batch, in linear time.
 
+Retention (``--retention``; docs/stream-design.md "Retention"): a shard's clock is
+the newest :func:`clock_values` of the rows it stored (their fetch times, never past the wall
+clock at store; carried in the changelog rows, so a replay moves it alike).  Rows fetched
+before the *cutoff* (the clock minus the retention, rounded down to a 64th of it) are dead:
+no match, no position; a group is compacted once a quarter of its rows are dead.  The cutoff
+depends on the clock only, so a replay or a snapshot plus tail expires exactly what the live
+shard did.  The shard keeps, per changelog record key, its rows' newest fetch time, and hands
+out a record's key as a tombstone (:meth:`Shard.take_tombstones`) once that time is expired,
+never while the record holds a live row.
+
 This module imports nothing from faust or aiokafka; the stream layer moves its inputs and
 outputs through Kafka.
 """
@@ -68,8 +78,13 @@ class Store(Protocol):
     or an LSH band (:class:`~streamdedup.pipeline.bands.BandStore`)."""
 
     texts: StringHeap
+    renew: int  # with a retention: ms after which a re-crawl of a stored page is stored anew
 
     def __len__(self) -> int: ...
+
+    def rows(self) -> int: ...
+
+    def expire(self, cutoff: int, since: int = 0) -> bool: ...
 
     @property
     def nbytes(self) -> int: ...
@@ -260,6 +275,40 @@ class StringHeap:
             tail = os.pread(self._fd, min(span, size), max(0, size - span))
         return xxhash.xxh64_intdigest(size.to_bytes(8, "little") + head + tail)
 
+    def keep(self, rows: np.ndarray) -> None:
+        """Keep only the strings ``rows`` (ascending), renumbered in their order (retention's
+        compaction).  A file-backed heap is copied, a chunk at a time, to a new file that then
+        replaces the old one: a failure before that leaves the heap as it was."""
+        rows = np.asarray(rows, dtype=np.int64)
+        ends = self.ends()
+        lengths = np.diff(ends, prepend=0)
+        keep = np.zeros(self._n, dtype=bool)
+        keep[rows] = True
+        if self._fd is None:
+            self._data = bytearray(np.frombuffer(self._data, np.uint8)[np.repeat(keep, lengths)].tobytes())
+        else:
+            assert self.path is not None
+            tmp = self.path + ".compacting"
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                at, chunk = 0, 1 << 16
+                for lo in range(0, self._n, chunk):
+                    hi = min(self._n, lo + chunk)
+                    start = int(ends[lo - 1]) if lo else 0
+                    raw = np.frombuffer(os.pread(self._fd, int(ends[hi - 1]) - start, start), np.uint8)
+                    view = memoryview(raw[np.repeat(keep[lo:hi], lengths[lo:hi])].tobytes())
+                    while len(view):
+                        done = os.pwrite(fd, view, at)
+                        view, at = view[done:], at + done
+                os.replace(tmp, self.path)
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(self._fd)
+            self._fd = fd
+        self._ends = np.cumsum(lengths[rows], dtype=np.int64)
+        self._n = len(rows)
+
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
@@ -291,9 +340,18 @@ class Shard:
     group (``<strings>.g<group>.strings``), read only for the matches an answer reports; None
     keeps them in memory."""
 
-    def __init__(self, plan: Plan, strings: str | None = None) -> None:
+    def __init__(self, plan: Plan, strings: str | None = None, retention: int = 0) -> None:
         self.plan, self.strings = plan, strings
         self._groups: dict[int, Store] = {}
+        # retention (module doc "Retention"): in ms, 0 keeps every page
+        self.retention = int(retention)
+        self.clock = 0  # the newest clock value of the rows stored (replays give the same)
+        self._applied = _NEVER  # the cutoff every group and the record table were expired to
+        self._records = _Records()  # changelog record key -> newest fetch time of its rows
+        # keys of expired records, to delete from the changelog (a dict: an ordered set, so that a
+        # replay that reads their tombstones removes each in O(1))
+        self.tombstones: dict[bytes, None] = {}
+        self.compacted = False  # a group was compacted since the last snapshot (its string file was rewritten)
 
     def close(self) -> None:
         """Close the string files (the shard is no longer used)."""
@@ -309,7 +367,7 @@ class Shard:
 
     @property
     def nbytes(self) -> int:
-        return sum(g.nbytes for g in self._groups.values())
+        return sum(g.nbytes for g in self._groups.values()) + self._records.nbytes
 
     def probe_and_insert(
         self,
@@ -321,12 +379,14 @@ class Shard:
         urls: list[str],
         store: bool = True,
         extra: np.ndarray | None = None,
+        now: int | None = None,
     ) -> Answers:
         """Store a batch of probes' pages in order, then answer each probe (the module's rule).
 
         ``store=False``: only answer, against the stored pages (a check: its position is after
         every stored page, or its first store if its id and fingerprint are stored).  ``extra``:
-        the probes' extra bytes (the band modes)."""
+        the probes' extra bytes (the band modes).  ``now``: the wall clock in ms, which bounds
+        what the stored pages' fetch times move the retention clock by (:func:`clock_values`)."""
         n = len(fps)
         out = Answers(
             np.full(n, -1, np.int64),
@@ -338,11 +398,16 @@ class Shard:
             np.zeros(n, dtype=bool),
         )
         group, insert = np.asarray(group, dtype=np.int64), store
+        starts: dict[int, int] = {}
+        # with a retention, the batch is judged as if its own times had moved the clock already: a
+        # page older than the retention is no match for it, however little else the shard stored since
+        judge = {} if not self.retention else {"cutoff": self._cutoff_at(clock_values(fetched, now))}
         for g in np.unique(group).tolist():
             sel = np.flatnonzero(group == g)
             gstore = self._groups.get(g)
             if gstore is None:
                 gstore = self._groups[g] = self._new_group(g)
+            starts[g] = _rows(gstore)
             gstore.probe_and_insert(
                 sel,
                 fps[sel],
@@ -353,24 +418,92 @@ class Shard:
                 out,
                 insert,
                 None if extra is None else extra[sel],
+                **judge,
             )
+        if insert:
+            self._advance(clock_values(np.asarray(fetched)[out.stored], now), starts)
+        return out
+
+    # ------------------------------------------------------------------ retention
+    @property
+    def cutoff(self) -> int:
+        """Rows fetched before this are expired: the clock minus the retention, rounded down to a
+        64th of the retention (so the groups are scanned at most 64 times per retention of clock
+        time); a function of the clock only, so a replay expires exactly what the live shard did."""
+        return self._cutoff_at(np.empty(0, np.int64))
+
+    def _cutoff_at(self, values: np.ndarray) -> int:
+        """The cutoff once the clock has moved to the newest of ``values``."""
+        if not self.retention:
+            return _NEVER
+        clock = max(self.clock, int(values.max())) if len(values) else self.clock
+        step = max(1, self.retention // 64)
+        return (clock - self.retention) // step * step
+
+    def _advance(self, values: np.ndarray, starts: dict[int, int]) -> None:
+        """Move the clock to the newest of ``values``, then expire: every group and record if the
+        cutoff moved, else only the rows stored since ``starts`` (group -> its row count before)."""
+        if len(values):
+            self.clock = max(self.clock, int(values.max()))
+        if not self.retention:
+            return
+        cutoff = self.cutoff
+        if cutoff > self._applied:
+            for gstore in self._groups.values():
+                self.compacted |= _expire(gstore, cutoff)
+            self.tombstones.update(dict.fromkeys(self._records.expire(cutoff)))
+            self._applied = cutoff
+        else:
+            for g, start in starts.items():
+                self.compacted |= _expire(self._groups[g], cutoff, start)
+
+    def track(self, key: bytes, newest: int) -> None:
+        """The changelog record ``key`` holds stored rows whose newest fetch time is ``newest``:
+        it is deleted (a tombstone in :attr:`tombstones`) once the cutoff passes it, when all its
+        rows have expired.  A key of another length than the worker's is never deleted."""
+        if not self.retention or len(key) != _Records.KEY_BYTES:
+            return
+        if newest < self._applied:
+            self.tombstones[key] = None
+        else:
+            self._records.add(key, newest)
+
+    def forget(self, keys: list[bytes]) -> None:
+        """Tombstones read from the changelog (a replay): their records are deleted already."""
+        if keys and self.retention:
+            # mostly records this shard found expired too (waiting here); the others are looked up
+            rest = [k for k in keys if k not in self.tombstones]
+            for k in keys:
+                self.tombstones.pop(k, None)
+            if rest:
+                self._records.drop(rest)
+
+    def take_tombstones(self) -> list[bytes]:
+        """The keys of the expired changelog records not handed out yet (the caller deletes them)."""
+        out, self.tombstones = list(self.tombstones), {}
         return out
 
     def save(self, path: os.PathLike[str] | str, meta: dict | None = None) -> None:
         """Write the shard to ``path`` (the arrays as they are, replaced atomically; see
         :mod:`~streamdedup.pipeline.snapshot_file`), with ``meta`` (JSON-able: e.g. the
         changelog offset the snapshot covers)."""
-        arrays: dict[str, np.ndarray] = {"plan": np.array(self.plan.describe())}
+        arrays: dict[str, np.ndarray] = {"plan": np.array(self.plan.describe()), "clock": np.array(self.clock)}
+        if self.retention:
+            arrays.update(self._records.state())
+            arrays["tombstones"] = _Records.as_keys(list(self.tombstones))
         for g, store in self._groups.items():
             for name, value in store.state().items():
                 arrays[f"g{g}.{name}"] = value
         write_arrays(path, arrays, meta or {})
 
     @classmethod
-    def load(cls, path: os.PathLike[str] | str, plan: Plan, strings: str | None = None) -> tuple[Shard, dict]:
+    def load(
+        cls, path: os.PathLike[str] | str, plan: Plan, strings: str | None = None, retention: int = 0
+    ) -> tuple[Shard, dict]:
         """Read a shard written by :meth:`save` (or, before that format, by ``np.savez``);
         returns it and its ``meta``.  ``strings``: as for the constructor (a snapshot of an
-        in-memory shard moves its strings to the files).
+        in-memory shard moves its strings to the files); ``retention``: as for the constructor
+        (the loaded shard is expired to it at once, whatever the retention it was saved with).
 
         Raises ValueError if the file was written for another shard plan or is damaged, or a
         string file it needs is missing, damaged or another shard's.
@@ -378,7 +511,11 @@ class Shard:
         arrays, meta = _read_snapshot(path)
         if arrays.get("plan") is None or arrays["plan"].tolist() != plan.describe():
             raise ValueError(f"the shard snapshot {path} was written for another shard plan")
-        shard = cls(plan, strings)
+        shard = cls(plan, strings, retention)
+        shard.clock = int(arrays.get("clock", 0))
+        if retention:
+            shard._records = _Records.from_state(arrays)
+            shard.tombstones = dict.fromkeys(_Records.from_keys(arrays.get("tombstones")))
         groups: dict[int, dict[str, np.ndarray]] = {}
         for key, value in arrays.items():
             if key.startswith("g"):
@@ -387,13 +524,19 @@ class Shard:
         try:
             for g, state in groups.items():
                 shard._groups[g] = plan.store_from_state(g, state, shard._strings_path(g))
+                if retention:
+                    _renew(shard._groups[g], retention)
+            shard._advance(np.empty(0, np.int64), {})  # a retention shorter than the snapshot's
         except BaseException:
             shard.close()
             raise
         return shard, meta
 
     def _new_group(self, g: int) -> Store:
-        return self.plan.new_store(g, self._strings_path(g))
+        store = self.plan.new_store(g, self._strings_path(g))
+        if self.retention:
+            _renew(store, self.retention)
+        return store
 
     def prepare(self) -> None:
         """Build lookup structures now (after recovery), not on the first probe."""
@@ -414,11 +557,14 @@ class Shard:
                 f"extra bytes a row and {self.plan.n_groups} groups: another --algorithm, --threshold, "
                 "--num-perm or combined --k wrote them"
             )
+        starts: dict[int, int] = {}
         for g in np.unique(inserts.group).tolist():
             store = self._groups.get(g)
             if store is None:
                 store = self._groups[g] = self._new_group(g)
+            starts[g] = _rows(store)
             store.load(inserts.select(inserts.group == g))
+        self._advance(restored_clock_values(inserts), starts)
 
 
 @dataclass
@@ -431,12 +577,15 @@ class ShardStep:
     shards: set[int] = field(default_factory=set)  # shard partitions touched
 
 
-def shard_step(shard_of: Callable[[int], Shard], messages: Iterable[tuple[int, bytes]]) -> ShardStep:
+def shard_step(
+    shard_of: Callable[[int], Shard], messages: Iterable[tuple[int, bytes]], now: int | None = None
+) -> ShardStep:
     """The shard stage on a run of probe messages: ``(shard partition, value)`` in arrival order.
 
     Probes (stored) and checks (only answered) of a partition are handled per kind in arrival
     order; the answers are grouped by the input partition that waits for them, and the stored
-    rows come back for the changelog (``request`` and ``partition`` zeroed).
+    rows come back for the changelog (``partition`` zeroed, ``request`` holding each row's clock
+    value, :func:`clock_values` of its fetch time and ``now``, the wall clock in ms).
     """
     by_partition: dict[tuple[int, int | None], list[bytes]] = defaultdict(list)
     for s, value in messages:
@@ -458,10 +607,11 @@ def shard_step(shard_of: Callable[[int], Shard], messages: Iterable[tuple[int, b
             probes.urls(),
             store=kind == PROBES,
             extra=probes.extra,
+            now=now,
         )
         if ans.stored.any():
             stored = probes.select(ans.stored)
-            stored.rows["request"], stored.rows["partition"] = 0, 0
+            stored.rows["request"], stored.rows["partition"] = clock_values(stored.fetched, now), 0
             out.changelog.append((s, stored))
         matched = ans.distance >= 0
         answer = Batch.build(
@@ -488,6 +638,10 @@ class _GroupStore:
 
     Rows are numbered in store order, which is this group's order of the rule (module doc)."""
 
+    #: With a retention: a page stored again (same id and fingerprint) is stored anew, under its
+    #: new fetch time, once its newest stored copy is this many ms older (half the retention).
+    renew = 0
+
     def __init__(self, design: TableDesign, masks: np.ndarray, strings: str | None = None) -> None:
         self.index = HammingIndex(k=design.k, design=design)
         self.mask, self.earlier = masks[-1], masks[:-1]  # this group's bits, those of the groups before it
@@ -506,13 +660,17 @@ class _GroupStore:
         return self.index.nbytes + sum(c.nbytes for c in cols) + self.texts.nbytes
 
     def probe_and_insert(
-        self, sel, fps, fetched, id_hash, ids, urls, out: Answers, insert: bool = True, extra=None
+        self, sel, fps, fetched, id_hash, ids, urls, out: Answers, insert: bool = True, extra=None, cutoff=None
     ) -> None:
         """Store the batch's new pages, then answer every probe (linear: no batch x batch matrix).
-        (``extra``: unused; a simhash probe carries none.)"""
+        (``extra``: unused; a simhash probe carries none.)  ``cutoff``: with a retention, rows
+        fetched before it count as gone (neither a match nor the probe's own earlier store)."""
         n, start = len(fps), len(self.id_hash)
         found = self.index.search(fps)  # the pages stored before this batch, within k
         q, row, dist = found.query, found.row, found.distance
+        if cutoff is not None:
+            live = self.fetched.view()[row] >= cutoff
+            q, row, dist = q[live], row[live], dist[live]
         # Where each probe stands in this group's order: after every stored page, unless its id
         # and fingerprint are stored already (a replay or an unchanged re-fetch), then at its first
         # store (the smallest such row: rows are numbered in store order).
@@ -523,12 +681,21 @@ class _GroupStore:
         if insert:
             # the new pages, once each (a page repeated in the batch stands where its first copy is)
             first, inverse = _first_occurrence(id_hash, fps)
-            new[first[pos[first] == start]] = True
+            again = pos[first] == start
+            if self.renew:  # a re-crawl stored anew (judged where it stands), so it outlives the old copy
+                newest = np.full(n, _NEVER, dtype=np.int64)
+                np.maximum.at(newest, q[same], self.fetched.view()[row[same]])
+                held = np.flatnonzero(newest[first] > _NEVER)  # (no subtraction from _NEVER: it would wrap)
+                again[held] |= np.asarray(fetched)[first[held]] - newest[first[held]] >= self.renew
+            if cutoff is not None:  # a page already older than the cutoff is judged, not stored
+                again &= np.asarray(fetched)[first] >= cutoff
+            new[first[again]] = True
             new_idx = np.flatnonzero(new)
             rank = np.full(n, -1, dtype=np.int64)
             rank[new_idx] = np.arange(len(new_idx))
-            fresh = pos == start
-            pos[fresh] = start + rank[first[inverse[fresh]]]
+            fresh = np.flatnonzero(pos == start)
+            ranked = rank[first[inverse[fresh]]]  # (-1: not stored; it stands after every stored page)
+            pos[fresh[ranked >= 0]] = start + ranked[ranked >= 0]
             if len(new_idx):
                 # the strings first: their write can fail (a full disk) and leaves the rest untouched.
                 # An id equal to its url (the default) is stored as "" (ids are never empty)
@@ -548,6 +715,8 @@ class _GroupStore:
         row_fp, row_hash = stored_fps[row], self.id_hash.view()[row]
         # the rule: stored before the probe's position, another id, and this is the pair's canonical group
         keep = (row < pos[q]) & (row_hash != id_hash[q])
+        if cutoff is not None:  # (the batch's own new pages too)
+            keep &= self.fetched.view()[row] >= cutoff
         # (a table key may be cut short, so a hit need not agree on all of this group's bits)
         x = fps[q] ^ row_fp
         keep &= (x & self.mask) == 0
@@ -585,6 +754,26 @@ class _GroupStore:
         self.index.add_many(range(start, start + len(rec)), rec.fps)
         self.fetched.extend(rec.fetched)
         self.id_hash.extend(rec.id_hash)
+
+    def rows(self) -> int:
+        """Rows numbered so far, expired ones not yet compacted away included."""
+        return len(self.id_hash)
+
+    def expire(self, cutoff: int, since: int = 0) -> bool:
+        """Rows from ``since`` on fetched before ``cutoff`` leave the index; once the dead rows
+        are a quarter of all, every column is compacted (True then), so the rows held stay
+        within 4/3 of the live ones.  Live rows keep their order."""
+        old = since + np.flatnonzero(self.fetched.view()[since:] < cutoff)
+        if len(old):
+            self.index.remove_rows(old)
+        if len(self.index) * 4 >= 3 * len(self.id_hash) or not len(old):
+            return False
+        live = np.flatnonzero(self.index.alive_rows())
+        self.texts.keep(np.stack((2 * live, 2 * live + 1), axis=1).ravel())  # first: the write that can fail
+        self.index.keep_rows(live)
+        self.fetched = GrowingArray.of(self.fetched.view()[live])
+        self.id_hash = GrowingArray.of(self.id_hash.view()[live])
+        return True
 
 
 def texts_state(texts: StringHeap) -> dict[str, np.ndarray]:
@@ -626,3 +815,101 @@ def _first_occurrence(id_hash: np.ndarray, fps: np.ndarray) -> tuple[np.ndarray,
     pairs = np.stack((id_hash, fps), axis=1)
     _, first, inverse = np.unique(pairs, axis=0, return_index=True, return_inverse=True)
     return first, inverse.ravel()
+
+
+_NEVER = np.iinfo(np.int64).min  # a cutoff that expires nothing
+
+
+def clock_values(fetched: np.ndarray, now: int | None) -> np.ndarray:
+    """What stored rows move a shard's retention clock to: their fetch times (ms), but never past
+    ``now`` (the wall clock when they were stored; None: no bound), so one page from a crawler
+    with a wrong clock ("fetched" in 2100) cannot expire the whole index; never below 0.  Written
+    in the changelog rows' ``request`` field, so that a replay moves the clock the same way."""
+    values = np.asarray(fetched, dtype=np.int64)
+    if now is not None:
+        values = np.minimum(values, now)
+    return np.maximum(values, 0)
+
+
+def restored_clock_values(rows: Batch) -> np.ndarray:
+    """The clock values of changelog rows: their ``request`` field, or for rows written before it
+    held one (0), their fetch time."""
+    written = rows.rows["request"].astype(np.int64)
+    return np.where(written > 0, written, np.maximum(rows.fetched, 0))
+
+
+def _rows(store: Store) -> int:
+    return store.rows()
+
+
+def _expire(store: Store, cutoff: int, since: int = 0) -> bool:
+    return store.expire(cutoff, since)
+
+
+def _renew(store: Store, retention: int) -> None:
+    """Put a store under a retention: a re-crawl is stored anew once its copy is half of it old."""
+    store.renew = max(1, retention // 2)
+
+
+class _Records:
+    """The changelog records that hold a shard's live rows: each record's key (the worker's keys
+    are 20 bytes: partition, writer, sequence) and the newest fetch time of its rows, in numpy
+    arrays (28 bytes a record).  A record is deleted only when that newest time has expired, so
+    never while it holds a live row."""
+
+    KEY_BYTES = 20
+    KEY = np.dtype(f"V{KEY_BYTES}")
+
+    def __init__(self) -> None:
+        self.keys, self.newest = GrowingArray(np.uint8, (self.KEY_BYTES,)), GrowingArray(np.int64)
+
+    def __len__(self) -> int:
+        return len(self.newest)
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.newest.nbytes
+
+    def add(self, key: bytes, newest: int) -> None:
+        self.keys.extend(np.frombuffer(key, dtype=np.uint8).reshape(1, -1))
+        self.newest.extend(np.array([newest], dtype=np.int64))
+
+    def expire(self, cutoff: int) -> list[bytes]:
+        """Drop the records whose rows are all older than ``cutoff``; their keys."""
+        old = self.newest.view() < cutoff
+        if not old.any():
+            return []
+        out = [k.tobytes() for k in self.keys.view()[old]]
+        self._keep(~old)
+        return out
+
+    def drop(self, keys: list[bytes]) -> None:
+        wanted = np.frombuffer(b"".join(k for k in keys if len(k) == self.KEY_BYTES), self.KEY)
+        gone = np.isin(np.ascontiguousarray(self.keys.view()).view(self.KEY).ravel(), wanted)
+        if gone.any():
+            self._keep(~gone)
+
+    def _keep(self, mask: np.ndarray) -> None:
+        self.keys = GrowingArray.of(self.keys.view()[mask])
+        self.newest = GrowingArray.of(self.newest.view()[mask])
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {"records.keys": self.keys.view(), "records.newest": self.newest.view()}
+
+    @classmethod
+    def from_state(cls, arrays: dict[str, np.ndarray]) -> _Records:
+        out = cls()
+        if "records.keys" in arrays:
+            out.keys.extend(np.asarray(arrays["records.keys"], dtype=np.uint8).reshape(-1, cls.KEY_BYTES))
+            out.newest.extend(np.asarray(arrays["records.newest"], dtype=np.int64))
+        return out
+
+    @classmethod
+    def as_keys(cls, keys: list[bytes]) -> np.ndarray:
+        return np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(-1, cls.KEY_BYTES).copy()
+
+    @classmethod
+    def from_keys(cls, array: np.ndarray | None) -> list[bytes]:
+        return (
+            [] if array is None else [k.tobytes() for k in np.asarray(array, dtype=np.uint8).reshape(-1, cls.KEY_BYTES)]
+        )

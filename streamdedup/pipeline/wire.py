@@ -20,7 +20,10 @@ in a layout of its own::
   ``partition`` is the input partition its answer goes back to;
 * an **answer**: the best earlier match in that group (``distance`` -1 and empty strings when
   there is none; otherwise the match's fingerprint, order key, id hash, id and url);
-* a **changelog** record: pages a shard stored (``request``, ``distance``, ``partition`` 0).
+* a **changelog** record: pages a shard stored (``distance``, ``partition`` 0; ``request``: the
+  row's retention clock value, :func:`~streamdedup.pipeline.shard.clock_values`, 0 in records
+  written before it was kept).  A record whose pages have all expired (``--retention``) is
+  deleted by a tombstone: its key with no value.
 
 ``scheme`` is the fingerprint scheme (:data:`streamdedup.fingerprinting.SCHEME`) the row's
 fingerprints were computed with.  :func:`decode` refuses a batch of another scheme with a
@@ -43,7 +46,19 @@ import numpy as np
 from streamdedup.errors import SchemeError
 from streamdedup.fingerprinting import SCHEME
 
-__all__ = ["ROW", "PROBES", "ANSWERS", "CHANGELOG", "CHECKS", "SCHEME_ADVICE", "Batch", "encode", "decode", "kind_of"]
+__all__ = [
+    "ROW",
+    "PROBES",
+    "ANSWERS",
+    "CHANGELOG",
+    "CHECKS",
+    "SCHEME_ADVICE",
+    "Batch",
+    "encode",
+    "decode",
+    "kind_of",
+    "row_counts",
+]
 
 ROW = np.dtype(
     [
@@ -240,6 +255,12 @@ def decode(values: Sequence[bytes], kind: int | None = None) -> Batch:
         return Batch(np.zeros(0, dtype=ROW), b"", kind or 0)
     extra = np.concatenate(extras) if width else None
     return Batch(np.concatenate(rows) if len(rows) > 1 else rows[0].copy(), b"".join(strings), kind or 0, extra)
+
+
+def row_counts(values: Sequence[bytes]) -> np.ndarray:
+    """The number of rows in each encoded batch (its header only: for the batches :func:`decode`
+    checked, whose rows it concatenates in this order)."""
+    return np.array([_HEAD.unpack_from(v)[3] for v in values], dtype=np.int64)
 
 
 def kind_of(value: bytes) -> int | None:

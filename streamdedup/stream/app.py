@@ -160,6 +160,7 @@ class Worker:
             self._on_restored,
             self._on_recovered,
             end_offsets=functools.partial(end_offsets, s),
+            retention=1000 * s.retention,
         )
         app = faust.App(
             s.app_id,
@@ -789,7 +790,9 @@ class Worker:
         if self.faults:
             probes = [e.value for e in events if kind_of(e.value) == PROBES]
             self.faults.check("shard", decode(probes, PROBES).ids() if probes else [])
-        step = shard_step(self.store.shard, [(e.message.partition, e.value) for e in events])
+        step = shard_step(
+            self.store.shard, [(e.message.partition, e.value) for e in events], now=int(time.time() * 1000)
+        )
         for s, n in step.skipped:
             log.error("shard %d: skipping %d messages that are not probes", s, n)
         writes = []
@@ -797,6 +800,7 @@ class Worker:
             for chunk in _chunks(stored):
                 self._seq += 1
                 key = struct.pack("<I", s) + self._writer + struct.pack("<Q", self._seq)
+                self.store.shard(s).track(key, int(chunk.fetched.max()))  # (--retention: deleted once all expired)
                 writes.append(
                     (
                         s,
@@ -804,6 +808,11 @@ class Worker:
                             s, key, encode(chunk, CHANGELOG), key_serializer="raw", value_serializer="raw"
                         ),
                     )
+                )
+        for s in sorted(step.shards):  # --retention: changelog records whose pages have all expired
+            for key in self.store.shard(s).take_tombstones():
+                writes.append(
+                    (s, self.table.send_changelog(s, key, None, key_serializer="raw", value_serializer="raw"))
                 )
         for s, fut in writes:  # the shard's inserts are durable before anyone hears of them
             self.store.covered(s, (await fut).offset)
@@ -813,7 +822,10 @@ class Worker:
                 sent.append(await self.answers_topic.send(value=encode(chunk, ANSWERS), partition=q))
         await asyncio.gather(*sent)
         for s in step.shards:
-            if self.store.snapshot_due(s, self.settings.snapshot_interval):
+            # (a compaction rewrote the shard's string files: the last snapshot no longer matches them)
+            if compacted := self.store.shard(s).compacted:
+                log.info("shard %d: expired pages compacted away, %d entries live", s, len(self.store.shard(s)))
+            if self.store.snapshot_due(s, self.settings.snapshot_interval) or compacted:
                 self.store.snapshot(s)
 
     def answer_from_standbys(self, now: float | None = None) -> int:

@@ -13,6 +13,11 @@ topics were recreated empty, the snapshot was written by another scheme) is disc
 warning and the shard is rebuilt from the changelog.  A changelog record of another fingerprint
 scheme stops the worker with a message that says what to do: two schemes never share an index.
 
+With ``--retention`` the store tells each shard which changelog record (key) holds which rows
+(:meth:`Shard.track`), and a replayed tombstone (a key with no value) makes it forget the record;
+the shard stage writes the tombstones of records whose rows have all expired.  A compaction of
+a shard rewrites its string files, so the store takes a snapshot right after one.
+
 A shard's offset is a promise: the shard holds every changelog record up to it.  The store keeps
 it by creating and writing shards only where it may (docs/faust-notes.md §12): recovery fills the
 shards of the changelog partitions assigned here (active or standby), and the shard stage stores
@@ -33,13 +38,14 @@ from pathlib import Path
 from typing import Any
 
 import faust.stores
+import numpy as np
 from faust.stores import base
 from faust.types import TP
 
 from streamdedup.errors import PlanError, SchemeError
 from streamdedup.fingerprinting import SCHEME as FINGERPRINT_SCHEME
 from streamdedup.pipeline.shard import Plan, Shard
-from streamdedup.pipeline.wire import CHANGELOG, decode
+from streamdedup.pipeline.wire import CHANGELOG, decode, row_counts
 
 __all__ = ["ShardStore", "NotAssigned", "SCHEME", "snapshot_meta", "stale_snapshot", "load_snapshot"]
 
@@ -77,15 +83,16 @@ def stale_snapshot(meta: dict, changelog: str, end_offset: int | None) -> str | 
 
 
 def load_snapshot(
-    path: Path, plan: Plan, changelog: str, end_offset: int | None, strings: str | None = None
+    path: Path, plan: Plan, changelog: str, end_offset: int | None, strings: str | None = None, retention: int = 0
 ) -> tuple[Shard, int] | None:
     """The shard in the snapshot at ``path`` and the changelog offset it covers, or None (with a
     warning) when the snapshot or a string file it needs is damaged or does not match the
     cluster: the caller then rebuilds the shard from the changelog.  A discarded snapshot is
-    renamed ``*.shard.discarded``.  ``strings``: the shard's string file prefix (see Shard)."""
+    renamed ``*.shard.discarded``.  ``strings``: the shard's string file prefix (see Shard);
+    ``retention``: the shard's, in ms (the loaded shard is expired to it)."""
     shard = None
     try:
-        shard, meta = Shard.load(path, plan, strings)
+        shard, meta = Shard.load(path, plan, strings, retention)
         problem = stale_snapshot(meta, changelog, end_offset)
         offset = int(meta["offset"])
     except (ValueError, KeyError, TypeError) as e:
@@ -126,6 +133,7 @@ class ShardStore(base.Store):
     #: (topic, partitions) -> their end offsets, read outside faust's consumer thread (the worker's
     #: own client, :func:`~streamdedup.stream.connection.end_offsets`); None: faust's highwaters.
     end_offsets: Callable[[str, list[int]], Awaitable[dict[int, int]]] | None = None
+    retention: int = 0  # ms; 0 keeps every page (Shard)
 
     def __post_init__(self) -> None:
         self.shards: dict[int, Shard] = {}
@@ -145,9 +153,10 @@ class ShardStore(base.Store):
         on_restored: Callable[[int, int], None] | None = None,
         on_recovered: Callable[[], None] | None = None,
         end_offsets: Callable[[str, list[int]], Awaitable[dict[int, int]]] | None = None,
+        retention: int = 0,
     ) -> None:
         cls.plan, cls.data_dir, cls.on_restored, cls.on_recovered = plan, data_dir, on_restored, on_recovered
-        cls.end_offsets = end_offsets
+        cls.end_offsets, cls.retention = end_offsets, retention
 
     # -------------------------------------------------------------- the index
     def serves(self, partition: int) -> bool:
@@ -164,7 +173,7 @@ class ShardStore(base.Store):
         if s is None:
             if partition not in self.assigned:
                 raise NotAssigned(f"shard partition {partition} is not assigned to this worker")
-            s = self.shards[partition] = Shard(self.plan, self._strings_prefix(partition))
+            s = self.shards[partition] = Shard(self.plan, self._strings_prefix(partition), self.retention)
             self.snapshot_at[partition] = time.monotonic()
         return s
 
@@ -200,6 +209,7 @@ class ShardStore(base.Store):
         path.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         shard.save(path, snapshot_meta(self.offsets[partition], self._changelog()))
+        shard.compacted = False
         log.info(
             "snapshot of shard %d: %d entries to changelog offset %d in %.2fs",
             partition,
@@ -220,7 +230,12 @@ class ShardStore(base.Store):
         if path is None or not path.exists():
             return
         loaded = load_snapshot(
-            path, self.plan, self._changelog(), self._end_offset(partition), self._strings_prefix(partition)
+            path,
+            self.plan,
+            self._changelog(),
+            self._end_offset(partition),
+            self._strings_prefix(partition),
+            self.retention,
         )
         if loaded is None:
             return
@@ -256,17 +271,30 @@ class ShardStore(base.Store):
             if partition not in self.assigned:  # (not seen; a shard here would claim their offsets)
                 log.info("changelog records of partition %d, not assigned here now, not restored", partition)
                 continue
+            records = [m for m in messages if m.value]
             try:
-                rows = decode([m.value for m in messages if m.value], CHANGELOG)
+                rows = decode([m.value for m in records], CHANGELOG)
             except SchemeError as e:
                 self._refuse(partition, e)
                 raise
+            shard = self.shard(partition)
             try:
-                self.shard(partition).restore(rows)
+                shard.restore(rows)
             except PlanError as e:
                 self._refuse_plan(partition, e)
                 raise
+            if shard.retention:  # the records that hold its rows, and the tombstones of expired ones
+                counts = row_counts([m.value for m in records])
+                held = counts > 0
+                if held.any():
+                    starts = np.cumsum(counts) - counts
+                    newest = np.maximum.reduceat(rows.fetched, starts[held]).tolist()
+                    for m, n in zip((m for m, h in zip(records, held.tolist()) if h), newest):
+                        shard.track(bytes(m.key or b""), n)
+                shard.forget([bytes(m.key) for m in messages if not m.value and m.key])
             self.offsets[partition] = max(messages[-1].offset, self.offsets.get(partition, -1))
+            if shard.compacted:  # its string files were rewritten: the snapshot must say so
+                self.snapshot(partition)
             if self.on_restored is not None:
                 self.on_restored(partition, len(messages))
 
