@@ -17,7 +17,7 @@ import time
 import urllib.request
 
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from stream_harness import StreamTopics, WorkerProcess, page_record, produce, wait_until_committed
 from topics import outcomes_by_offset as outcomes
 
@@ -59,13 +59,34 @@ def skipped_metric(worker: WorkerProcess, why: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
+def commit(kafka, topics: StreamTopics, offsets: dict[int, int]) -> None:
+    """Commit pages offsets for the worker's group, as an earlier worker would have."""
+
+    async def run() -> None:
+        c = AIOKafkaConsumer(**kafka.client_kwargs(), group_id=topics.app_id, enable_auto_commit=False)
+        await c.start()
+        try:
+            tps = {p: TopicPartition(topics.pages, p) for p in offsets}
+            c.assign(list(tps.values()))
+            await c.commit({tps[p]: o for p, o in offsets.items()})
+        finally:
+            await c.stop()
+
+    asyncio.run(run())
+
+
 def test_records_the_consumer_skipped_at_assignment_are_read_and_judged(kafka, tmp_path):
     """The first record delivered after the assignment is beyond the committed offset (partition 0
     starts at 1), and a record is missing between two delivered ones (partition 1, offset 7): the
-    old worker committed past offset 0 of partition 0, and it had no outcome."""
+    old worker committed past offset 0 of partition 0, and it had no outcome.
+
+    The group has committed offsets (0) before the worker starts, as after an earlier worker: a
+    partition with none is sought to its start, and that seek delivers the dropped record again
+    before the hole is read, on a slow machine (then this test checked nothing)."""
     topics = StreamTopics.fresh(kafka, partitions=2)
     records = pages("a", 30, random.Random(1))
     produce(kafka, topics.pages, records, partitions=[i % 2 for i in range(len(records))])
+    commit(kafka, topics, {0: 0, 1: 0})
     with WorkerProcess(kafka, topics, tmp_path, env={FAULT_ENV: "skip:0:0,1:7"}) as worker:
         found = wait_for_all(kafka, topics, worker)
         assert wait_until_committed(kafka, topics, timeout=60), worker.log_tail()
