@@ -100,13 +100,19 @@ def stalled_everywhere(w, n: int, fp: np.uint64, url: str, shard: int, sent_at: 
     return request
 
 
-def test_a_page_with_a_match_that_waits_only_for_stalled_groups_is_released(worker, cluster, monkeypatch):  # noqa: F811
-    plan = worker.plan
-    stored, copy = all_groups_on(plan, STANDBY, seed=5)
+def copy_stalled_everywhere(worker, cluster, monkeypatch) -> int:  # noqa: F811
+    """A page stored in the standby partition's changelog, and a copy of it waiting for every
+    group, each group's probe sent to that partition."""
+    stored, copy = all_groups_on(worker.plan, STANDBY, seed=5)
     cluster.append(STANDBY, encode(rows(stored, "http://a.test/stored"), CHANGELOG))
     asyncio.run(assign(worker, cluster, monkeypatch, active={ACTIVE}, standby={STANDBY}))
     monkeypatch.setattr(worker.outbox, "schedule", lambda partition: None)
-    r = stalled_everywhere(worker, 10, copy, "http://a.test/copy", STANDBY, 0.0)
+    return stalled_everywhere(worker, 10, copy, "http://a.test/copy", STANDBY, 0.0)
+
+
+def test_a_page_with_a_match_that_waits_only_for_stalled_groups_is_released(worker, cluster, monkeypatch):  # noqa: F811
+    plan = worker.plan
+    r = copy_stalled_everywhere(worker, cluster, monkeypatch)
     unique_fp, _ = all_groups_on(plan, STANDBY, seed=6)
     r_unique = stalled_everywhere(worker, 11, unique_fp, "http://a.test/unique", STANDBY, 0.0)
     assert worker.answer_from_standbys(now=STANDBY_AFTER) == 1
@@ -118,11 +124,7 @@ def test_a_page_with_a_match_that_waits_only_for_stalled_groups_is_released(work
 
 def test_a_page_with_a_match_that_also_waits_for_a_live_group_waits_for_it(worker, cluster, monkeypatch):  # noqa: F811
     plan = worker.plan
-    stored, copy = all_groups_on(plan, STANDBY, seed=5)
-    cluster.append(STANDBY, encode(rows(stored, "http://a.test/stored"), CHANGELOG))
-    asyncio.run(assign(worker, cluster, monkeypatch, active={ACTIVE}, standby={STANDBY}))
-    monkeypatch.setattr(worker.outbox, "schedule", lambda partition: None)
-    r = stalled_everywhere(worker, 10, copy, "http://a.test/copy", STANDBY, 0.0)
+    r = copy_stalled_everywhere(worker, cluster, monkeypatch)
     worker._sent[-1] = (0.0, ACTIVE, worker._sent[-1][2])  # its last group's shard is alive (here)
     assert worker.answer_from_standbys(now=STANDBY_AFTER) == 1
     w = worker.pending.waiting(r)
