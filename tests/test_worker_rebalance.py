@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import pytest
 from faust.types import TP
@@ -312,3 +313,34 @@ def test_session_timeout_sets_how_soon_the_group_expires_a_dead_worker(tmp_path,
         assert w.app.conf.broker_heartbeat_interval == heartbeat
     finally:
         w.close()
+
+
+def test_a_pages_partition_that_delivers_nothing_while_records_wait_is_sought_again(assigned, monkeypatch):
+    """faust's consumer can leave a partition unfetched after an assignment (docs/faust-notes.md
+    §9): a partition silent for PARTITION_SILENCE with records past the last one delivered is
+    sought again, from the first offset not delivered; a quiet one with nothing waiting is not."""
+    worker = assigned
+    sought: list[tuple[int, int]] = []
+
+    async def seek(tp, offset: int) -> None:
+        sought.append((tp.partition, offset))
+
+    async def ends(partitions: list[int]) -> dict[int, int]:
+        return {0: 130, 1: 0}  # partition 0: records 100..129 wait; partition 1 holds none
+
+    monkeypatch.setattr(worker, "_seek", seek)
+    monkeypatch.setattr(worker, "_pages_ends", ends)
+    recovery = SimpleNamespace(completed=SimpleNamespace(is_set=lambda: True))
+    monkeypatch.setattr(worker.app, "tables", SimpleNamespace(recovery=recovery))
+    worker._heard_pages = {0: 0.0, 1: 0.0}
+
+    async def scenario() -> None:
+        assert await worker.reseek_stalled(now=app_module.PARTITION_SILENCE / 2) == []  # not silent long enough
+        assert await worker.reseek_stalled(now=app_module.PARTITION_SILENCE) == [0]
+        assert sought == [(0, 100)]
+        # sought: it gets another PARTITION_SILENCE before the next try
+        assert await worker.reseek_stalled(now=app_module.PARTITION_SILENCE + 1) == []
+        worker._paused = True  # the worker's own back-pressure: silence is expected
+        assert await worker.reseek_stalled(now=3 * app_module.PARTITION_SILENCE) == []
+
+    asyncio.run(scenario())

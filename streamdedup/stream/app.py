@@ -27,6 +27,7 @@ from typing import Any, cast
 import faust
 import numpy as np
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from streamdedup.index.bands import BandScheme
@@ -65,6 +66,9 @@ STANDBY_AFTER = 2.0
 # faust's take_events waits this long after every batch, so it adds up to this much latency per
 # stage; their batches grow with the load, not with the wait
 STAGE_WAIT = 0.005
+# an owned pages partition with records past the last one delivered, none of them delivered for
+# this long (and the worker not pausing it), is sought again (reseek_stalled; faust-notes §9)
+PARTITION_SILENCE = 10.0
 OFFSETS_TIMEOUT = 10.0  # seconds a rebalance callback waits for an offsets request
 HOLE_RECHECK_SECONDS = 1.0  # a hole in a pages partition is read after this (see _fill_holes)
 HOLE_READS = 3  # reads of a hole that fail before the worker gives up on it (commits past it, loudly)
@@ -163,6 +167,7 @@ class Worker:
         self._fillers: list[Any] = []
         self._hole_tasks: dict[int, tuple[int, asyncio.Task]] = {}  # partition -> (generation, _fill_holes)
         self._seen: dict[int, int] = {}  # input partition -> the next offset not buffered yet
+        self._heard_pages: dict[int, float] = {}  # pages partition -> its last delivery (or assignment)
         # pages read but not yet judged, at most: bounds memory and latency, and lets the shard and
         # answers stages run instead of the pages stage reading a whole backlog first
         self._max_waiting = 2 * s.batch_size
@@ -322,6 +327,10 @@ class Worker:
             async def standby_answers():
                 self.answer_from_standbys()
 
+        @app.timer(interval=5.0, name="stalled_partitions")
+        async def stalled_partitions():
+            await self.reseek_stalled()
+
         @app.timer(interval=5.0, name="gauges")
         async def gauges():
             self.gauges.update_shards(dict(self.store.shards))
@@ -363,6 +372,8 @@ class Worker:
         async def on_assigned(sender, assigned, **kwargs):
             self.outbox.assign({tp.partition for tp in assigned if tp.topic == s.pages_topic})
             self._assigned = set(assigned)
+            now = time.monotonic()
+            self._heard_pages = {tp.partition: now for tp in assigned if tp.topic == s.pages_topic}
             self._recovery_started = time.monotonic()
             self.metrics.recovery_restored.set(0)
             # Not awaited here: an offsets request made inside the rebalance callback waits on the
@@ -422,6 +433,53 @@ class Worker:
                 self.outbox.schedule(p)  # records judged before it was known may be ready
                 self._watch_holes(p)
         self._kick(partial=True)  # the records that waited for it
+
+    async def reseek_stalled(self, now: float | None = None) -> list[int]:
+        """Seek again the owned pages partitions that hold records past the last one delivered
+        but have delivered none for ``PARTITION_SILENCE`` seconds, while the worker is not pausing
+        them: faust's consumer can leave a partition unfetched after an assignment (seen once in
+        CI after a SIGKILL and restart, even after the assignment's own seek: docs/faust-notes.md
+        §9), and nothing else would ever read its records.  Returns the partitions sought."""
+        now = time.monotonic() if now is None else now
+        recovery = getattr(getattr(self.app, "tables", None), "recovery", None)
+        if self._paused or recovery is None or not recovery.completed.is_set():
+            return []
+        quiet = [
+            p
+            for p in sorted(self.outbox.owned)
+            if (o := self.outbox.offsets.get(p)) is not None
+            and o.known
+            and now - self._heard_pages.get(p, now) >= PARTITION_SILENCE
+        ]
+        if not quiet:
+            return []
+        generation = self._generation
+        try:
+            ends = await asyncio.wait_for(self._pages_ends(quiet), OFFSETS_TIMEOUT)
+        except Exception as e:  # the next tick tries again
+            log.warning("cannot read the end offsets of pages partitions %s: %s", quiet, e)
+            return []
+        sought = []
+        for p in quiet:
+            o = self.outbox.offsets.get(p)
+            if generation != self._generation or o is None or o.committed is None or p not in self.outbox.owned:
+                continue
+            first = max(o.committed, o.top + 1)
+            if ends.get(p, 0) > first:
+                log.warning(
+                    "pages partition %d: no record delivered for %.0fs while offsets %d..%d wait; seeking it again",
+                    p,
+                    now - self._heard_pages.get(p, now),
+                    first,
+                    ends[p] - 1,
+                )
+                self._heard_pages[p] = now
+                await self._seek(TP(self.settings.pages_topic, p), first)
+                sought.append(p)
+        return sought
+
+    async def _pages_ends(self, partitions: list[int]) -> dict[int, int]:
+        return await end_offsets(self.settings, self.settings.pages_topic, partitions)
 
     async def _seek(self, tp: Any, offset: int) -> None:
         """Seek a pages partition in faust's consumer thread.  faust's ``Consumer.seek`` calls
@@ -630,6 +688,7 @@ class Worker:
             log.warning("test hook %s: dropping pages offset %d of partition %d", FAULT_ENV, m.offset, m.partition)
             self.faults.skip.discard((m.partition, m.offset))
             return
+        self._heard_pages[m.partition] = time.monotonic()
         delivery = self.outbox.tracker(m.partition).deliver(m.offset)
         if delivery is Delivery.DUPLICATE:  # read again (a seek back): buffered or judged already
             return
