@@ -231,7 +231,6 @@ async def backlog(kafka, args, records: list[dict], n_workers: int, env: dict | 
         "steady_per_s": steady,
         "first_verdict_s": t[0] - t0,
         "cpu_ms_per_page": cpu * 1000 / len(t),
-        "load_avg": os.getloadavg()[0],
         "duplicates": got.received - len(t),
         "rebalances": sum(x > t0 for w in ws for x in log_times(w, SETTLED)),
         "log_problems": await stop_all(ws),
@@ -274,15 +273,12 @@ async def latency(kafka, args, records: list[dict], rate: float) -> dict:
             await asyncio.gather(*[await send(i) for i in range(warmup)])
             await got.wait(warmup, args.timeout)
             total, futures, t0 = int(rate * args.latency_seconds), [], time.monotonic()
-            cpu0 = cpu_seconds(ws[0].proc.pid)
             for i in range(total):
                 while time.monotonic() - t0 < i / rate:
                     await asyncio.sleep(0.015)
                 futures.append(await send(warmup + i))
             await asyncio.gather(*futures)
             await got.wait(warmup + total, args.timeout)
-            cpu = cpu_seconds(ws[0].proc.pid) - cpu0  # the worker and its pool processes
-            load = os.getloadavg()[0]
     finally:
         await producer.stop()
     lat = np.array([got.at[k] - t for k, t in sent.items()])
@@ -295,8 +291,6 @@ async def latency(kafka, args, records: list[dict], rate: float) -> dict:
         "p99_s": p99,
         "max_s": lat[warmup:].max(),
         "warmup_max_s": lat[:warmup].max(),
-        "cpu_ms_per_page": cpu * 1000 / total,
-        "load_avg": load,
         "log_problems": await stop_all(ws),
     }
 

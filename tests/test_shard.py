@@ -8,7 +8,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamdedup.index.tables import TableDesign
-from streamdedup.pipeline import shard as shard_module
 from streamdedup.pipeline.shard import Shard, ShardPlan, StringHeap
 
 
@@ -112,20 +111,6 @@ def test_sharded_answers_follow_the_rule_whatever_order_each_shard_sees(design, 
     orders = [rng.permutation(len(fps)).tolist() for _ in range(partitions)]  # each shard its own order
     got, _, orders = sharded(plan, fps, fetched, id_hash, ids, batch, orders)
     assert got == brute(plan, fps, id_hash, ids, orders)
-
-
-@pytest.mark.parametrize("small", [True, False])
-def test_small_and_large_batches_follow_the_rule(small, monkeypatch):
-    """A batch against its own pages, directly (small batches) or through an index of them."""
-    monkeypatch.setattr(shard_module, "_DIRECT_PAIRS", 10**9 if small else 0)
-    monkeypatch.setattr(shard_module, "_SMALL_BATCH", 10**9 if small else 0)
-    fps, fetched, id_hash, ids = pages(5, 300)
-    plan = ShardPlan(TableDesign.named("16"), 2)
-    rng = np.random.default_rng(6)
-    orders = [rng.permutation(len(fps)).tolist() for _ in range(2)]
-    got, _, orders = sharded(plan, fps, fetched, id_hash, ids, 120, orders)
-    assert got == brute(plan, fps, id_hash, ids, orders)
-    assert sum(g is not None for g in got) > 50
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -39,35 +39,6 @@ def test_packed_keys_equal_for_neighbours():
     assert ((d.packed_keys(fps) >> np.uint32(28)) == np.arange(16)[:, None]).all()
 
 
-def _packed_key_bit_by_bit(d: TableDesign, fp: int, t: int) -> int:
-    """A table's packed key read one bit at a time: the key bits in fingerprint order (lowest
-    lowest), cut or padded to 32 - table_bits bits at the top, the table number above them."""
-    key = sum(((fp >> bit) & 1) << j for j, bit in enumerate(d.keys[t]))
-    room, width = 32 - d.table_bits, len(d.keys[t])
-    key = key >> (width - room) if width > room else key << (room - width)
-    return key | (t << room)
-
-
-@pytest.mark.parametrize(
-    "design",
-    [TableDesign.named(n) for n in sorted(DESIGNS)]
-    + [
-        TableDesign(k=0, levels=(1,)),
-        TableDesign(k=5, levels=(6, 6)),
-        TableDesign.named("16").restricted((4, 5, 6, 7)),
-    ],
-)
-def test_packed_keys_match_the_bits(design, monkeypatch):
-    rng = np.random.default_rng(7)
-    fps = rng.integers(0, 2**64 - 1, size=50, dtype=np.uint64, endpoint=True)
-    fps[:2] = (0, 2**64 - 1)
-    expected = [[_packed_key_bit_by_bit(design, int(fp), t) for fp in fps] for t in range(design.n_tables)]
-    for at_once in (0, 1000):  # table by table, and all tables at once (small batches)
-        monkeypatch.setattr("streamdedup.index.tables._PACK_AT_ONCE", at_once)
-        assert design.packed_keys(fps).tolist() == expected
-        assert design.packed_keys(np.empty(0, dtype=np.uint64)).shape == (design.n_tables, 0)
-
-
 @pytest.mark.parametrize(
     "kwargs, message",
     [

@@ -186,11 +186,8 @@ class HammingIndex:
         """Store one fingerprint."""
         self.add_many([id], [fingerprint])
 
-    def add_many(
-        self, ids: Sequence[Hashable], fingerprints: Iterable[int] | np.ndarray, keys: np.ndarray | None = None
-    ) -> None:
-        """Store a batch of fingerprints under the given ids.  ``keys``: their
-        ``design.packed_keys``, when the caller has them already."""
+    def add_many(self, ids: Sequence[Hashable], fingerprints: Iterable[int] | np.ndarray) -> None:
+        """Store a batch of fingerprints under the given ids."""
         fps = _as_fps(fingerprints)
         if len(ids) != len(fps):
             raise ValueError(f"got {len(ids)} ids for {len(fps)} fingerprints; pass one id each")
@@ -203,7 +200,7 @@ class HammingIndex:
         self._alive[start : start + m] = True
         self._ids.extend(ids)
         self._n += m
-        self._runs.append(self._build_run(fps, np.arange(start, start + m, dtype=np.uint32), keys))
+        self._runs.append(self._build_run(fps, np.arange(start, start + m, dtype=np.uint32)))
         while len(self._runs) >= 2 and (
             self.MERGE_RATIO * len(self._runs[-1]) >= len(self._runs[-2]) or len(self._runs[-2]) < self.SMALL_RUN
         ):
@@ -272,13 +269,10 @@ class HammingIndex:
         for run in self._runs:
             run.prepare()
 
-    def search(
-        self, fingerprints: Iterable[int] | np.ndarray, k: int | None = None, keys: np.ndarray | None = None
-    ) -> Matches:
+    def search(self, fingerprints: Iterable[int] | np.ndarray, k: int | None = None) -> Matches:
         """All (query, row, distance) with distance <= ``k`` (default: the index's k).
 
-        A smaller ``k`` than the index's is allowed; a larger one would not be exact.  ``keys``:
-        the fingerprints' ``design.packed_keys``, when the caller has them already.
+        A smaller ``k`` than the index's is allowed; a larger one would not be exact.
         """
         k = self.k if k is None else k
         if not 0 <= k <= self.k:
@@ -287,8 +281,7 @@ class HammingIndex:
         empty = np.empty(0, np.int64)
         if len(fps) == 0 or not self._runs:
             return Matches(empty, empty, empty)
-        # table-major: needle i -> query i % q
-        needles = (self.design.packed_keys(fps) if keys is None else keys).ravel()
+        needles = self.design.packed_keys(fps).ravel()  # table-major: needle i -> query i % q
         # Sorted needles walk every run's directory and entries in address order.
         order = np.argsort(needles)
         needles = needles[order]
@@ -366,9 +359,8 @@ class HammingIndex:
         return idx
 
     # ------------------------------------------------------------ internals
-    def _build_run(self, fps: np.ndarray, rows: np.ndarray, keys: np.ndarray | None = None) -> _Run:
-        keys = self.design.packed_keys(fps) if keys is None else keys
-        entries = keys.ravel().astype(np.uint64) << np.uint64(32)
+    def _build_run(self, fps: np.ndarray, rows: np.ndarray) -> _Run:
+        entries = self.design.packed_keys(fps).ravel().astype(np.uint64) << np.uint64(32)
         entries |= np.tile(rows.astype(np.uint64), self.design.n_tables)
         entries.sort()
         return _Run(entries)

@@ -40,7 +40,6 @@ __all__ = ["TableDesign", "DESIGNS"]
 
 #: Named designs for f = 64, k = 3, after the paper.
 DESIGNS: dict[str, tuple[int, ...]] = {"20": (6,), "16": (4, 4), "10": (5,), "4": (4,)}
-_PACK_AT_ONCE = 512  # up to this many fingerprints, packed_keys packs every table at once
 
 
 def _split(bits: list[int], blocks: int) -> list[list[int]]:
@@ -173,13 +172,7 @@ class TableDesign:
         >>> [hex(int(x)) for x in d.packed_keys(np.array([0xFFFF], dtype=np.uint64))[:, 0]]
         ['0x3fffc000', '0x40000000', '0x80000000', '0xc0000000']
         """
-        fps = np.asarray(fps, dtype=np.uint64).ravel()
-        if len(fps) <= _PACK_AT_ONCE:
-            # every table in a few numpy calls, whatever the number of tables: a shard's small
-            # batches pay this per call (a (bit runs x n) temporary, slower than the loop for big n)
-            src, run_masks, dst, starts, down, up, top = self._packer
-            keys = np.bitwise_or.reduceat(((fps[None, :] >> src) & run_masks) << dst, starts, axis=0)
-            return ((keys >> down) << up).astype(np.uint32) | top
+        fps = np.asarray(fps, dtype=np.uint64)
         room = 32 - self.table_bits
         out = np.empty((self.n_tables, len(fps)), dtype=np.uint32)
         for t, (shifts, masks, width) in enumerate(self._plans):
@@ -193,33 +186,6 @@ class TableDesign:
                 key <<= np.uint64(room - width)
             out[t] = key.astype(np.uint32) | np.uint32(t << room)
         return out
-
-    @property
-    def _packer(self) -> tuple[np.ndarray, ...]:
-        """:attr:`_plans` as column arrays for packing every table at once: per bit run its source shift,
-        mask and target shift; per table the index of its first run, the shift down or up that
-        leaves ``32 - table_bits`` bits, and its number in the top bits."""
-        packer = self.__dict__.get("_packer_cache")
-        if packer is None:
-            room = 32 - self.table_bits
-            src: list[int] = []
-            mask: list[int] = []
-            dst: list[int] = []
-            starts: list[int] = []
-            down: list[int] = []
-            up: list[int] = []
-            for shifts, masks, width in self._plans:
-                starts.append(len(src))
-                src += [s for s, _ in shifts]
-                dst += [d for _, d in shifts]
-                mask += masks
-                down.append(max(width - room, 0))
-                up.append(max(room - width, 0))
-            column = lambda v: np.array(v, dtype=np.uint64)[:, None]  # noqa: E731
-            top = (np.arange(self.n_tables, dtype=np.uint32) << np.uint32(room))[:, None]
-            packer = (column(src), column(mask), column(dst), np.array(starts), column(down), column(up), top)
-            object.__setattr__(self, "_packer_cache", packer)
-        return packer
 
     @property
     def _plans(self) -> list[tuple[list[tuple[int, int]], list[int], int]]:

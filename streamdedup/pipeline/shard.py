@@ -56,7 +56,6 @@ import xxhash
 from streamdedup.engine.order import group_masks
 from streamdedup.errors import PlanError
 from streamdedup.fingerprinting.features import mix64
-from streamdedup.fingerprinting.simhash import hamming_many
 from streamdedup.index.arrays import GrowingArray
 from streamdedup.index.hamming import HammingIndex
 from streamdedup.index.tables import TableDesign
@@ -667,8 +666,7 @@ class _GroupStore:
         (``extra``: unused; a simhash probe carries none.)  ``cutoff``: with a retention, rows
         fetched before it count as gone (neither a match nor the probe's own earlier store)."""
         n, start = len(fps), len(self.id_hash)
-        keys = self.index.design.packed_keys(fps)  # once, for the search and the insert
-        found = self.index.search(fps, keys=keys)  # the pages stored before this batch, within k
+        found = self.index.search(fps)  # the pages stored before this batch, within k
         q, row, dist = found.query, found.row, found.distance
         if cutoff is not None:
             live = self.fetched.view()[row] >= cutoff
@@ -704,12 +702,14 @@ class _GroupStore:
                 self.texts.extend([x for i in new_idx.tolist() for x in ("" if ids[i] == urls[i] else ids[i], urls[i])])
                 self.fetched.extend(fetched[new_idx])
                 self.id_hash.extend(id_hash[new_idx])
-                # the batch against its own new pages
-                inner_q, inner_row, inner_dist = _within(fps, fps[new_idx], self.index)
-                q = np.concatenate((q, inner_q))
-                row = np.concatenate((row, start + inner_row))
-                dist = np.concatenate((dist, inner_dist))
-                self.index.add_many(range(start, start + len(new_idx)), fps[new_idx], keys=keys[:, new_idx])
+                # the batch against its own new pages: a small index of them, searched once
+                mine = HammingIndex(k=self.index.k, design=self.index.design)
+                mine.add_many(range(len(new_idx)), fps[new_idx])
+                inner = mine.search(fps)
+                q = np.concatenate((q, inner.query))
+                row = np.concatenate((row, start + inner.row))
+                dist = np.concatenate((dist, inner.distance))
+                self.index.add_many(range(start, start + len(new_idx)), fps[new_idx])
         out.stored[sel[new]] = True
         stored_fps = self.index.fingerprints()
         row_fp, row_hash = stored_fps[row], self.id_hash.view()[row]
@@ -809,42 +809,9 @@ def _read_snapshot(path: os.PathLike[str] | str) -> tuple[dict[str, np.ndarray],
         raise ValueError(f"cannot read the shard snapshot {path}: {e}") from None
 
 
-#: Up to this many (probe, new page) pairs, a batch is compared with its own new pages directly
-#: (one popcount of the n x m XOR), not through an index of them: a worker's batches are small
-#: when it is not busy, and building and searching an index costs a fixed ~0.3 ms per group.
-_DIRECT_PAIRS = 1 << 14
-_SMALL_BATCH = 64  # probes of a group up to which _first_occurrence uses a dict
-_popcount = getattr(np, "bitwise_count", None)  # numpy >= 2
-
-
-def _within(fps: np.ndarray, new: np.ndarray, like: HammingIndex) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every (probe, new page, distance) with the distance within ``like.k``, as a search of an
-    index of the ``new`` fingerprints (rows 0..m-1) built like ``like`` would give them."""
-    if len(fps) * len(new) > _DIRECT_PAIRS:
-        mine = HammingIndex(k=like.k, design=like.design)
-        mine.add_many(range(len(new)), new)
-        found = mine.search(fps)
-        return found.query, found.row, found.distance
-    x = fps[:, None] ^ new[None, :]
-    d = hamming_many(x, np.zeros(1, np.uint64)) if _popcount is None else _popcount(x)
-    q, r = np.nonzero(d <= like.k)
-    return q.astype(np.int64), r.astype(np.int64), d[q, r].astype(np.int64)
-
-
 def _first_occurrence(id_hash: np.ndarray, fps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The batch position of the first probe with each (id hash, fingerprint), and for every
     probe the index of its pair in that list."""
-    if len(fps) <= _SMALL_BATCH:  # a dict costs less than np.unique on rows
-        index: dict[tuple[int, int], int] = {}
-        firsts: list[int] = []
-        inverse = np.empty(len(fps), dtype=np.int64)
-        for i, pair in enumerate(zip(id_hash.tolist(), fps.tolist())):
-            j = index.get(pair)
-            if j is None:
-                j = index[pair] = len(firsts)
-                firsts.append(i)
-            inverse[i] = j
-        return np.array(firsts, dtype=np.int64), inverse
     pairs = np.stack((id_hash, fps), axis=1)
     _, first, inverse = np.unique(pairs, axis=0, return_index=True, return_inverse=True)
     return first, inverse.ravel()
