@@ -247,9 +247,12 @@ def test_strings_in_files_answer_like_strings_in_memory_and_are_not_resident(tmp
     fps, fetched, id_hash, ids = pages(11, 600)
     ram, disk = Shard(plan), Shard(plan, str(tmp_path / "s"))
     assert answer_all(disk, plan, fps, fetched, id_hash, ids) == answer_all(ram, plan, fps, fetched, id_hash, ids)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"s.g{g}.strings" for g in range(4)]
-    saved = sum(g.texts.size for g in ram._groups.values())
-    assert ram.nbytes - disk.nbytes == saved > 0
+    files = [f"s.g{g}.strings{suffix}" for g in range(4) for suffix in ("", ".ends", ".fetched", ".idhash")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(files)
+    # resident: only the index (the strings, their ends, fetch times and id hashes are in the files)
+    assert disk.nbytes == sum(g.index.nbytes for g in disk._groups.values()) + disk._records.nbytes
+    saved = sum(g.texts.size + 8 * 4 * len(g.id_hash) for g in ram._groups.values())
+    assert ram.nbytes - disk.nbytes >= saved > 0
 
 
 def test_a_snapshot_with_string_files_answers_like_the_shard_it_was_taken_from(tmp_path):
@@ -281,22 +284,25 @@ def test_a_snapshot_of_strings_in_memory_loads_into_string_files(tmp_path):
     assert all(g.texts.path is not None for g in loaded._groups.values())
 
 
+@pytest.mark.parametrize("suffix", ["", ".ends", ".fetched", ".idhash"])
 @pytest.mark.parametrize("damage", ["missing", "short", "foreign"])
-def test_a_missing_damaged_or_foreign_string_file_is_refused(tmp_path, damage):
+def test_a_missing_damaged_or_foreign_string_file_is_refused(tmp_path, damage, suffix):
     plan = ShardPlan(TableDesign.named("16"), 1)
     fps, fetched, id_hash, ids = pages(14, 200)
     live = Shard(plan, str(tmp_path / "s"))
     answer_all(live, plan, fps, fetched, id_hash, ids)
     live.save(tmp_path / "s.npz")
     live.close()
-    f = tmp_path / "s.g2.strings"
+    f = tmp_path / f"s.g2.strings{suffix}"
     if damage == "missing":
         f.unlink()
     elif damage == "short":
         f.write_bytes(f.read_bytes()[:-10])
     else:  # the same length, other bytes: another shard's file
         f.write_bytes(bytes(reversed(f.read_bytes())))
-    why = {"missing": "cannot open the string file", "short": "is shorter", "foreign": "does not hold"}[damage]
+    why = {"missing": "cannot open the (string|column) file", "short": "is shorter", "foreign": "does not hold"}[damage]
+    if suffix == ".ends" and damage == "foreign":  # (other ends can also name a size the data file lacks)
+        why = "does not hold|is shorter"
     with pytest.raises(ValueError, match=why):
         Shard.load(tmp_path / "s.npz", plan, str(tmp_path / "s"))
 
@@ -307,8 +313,9 @@ def test_a_file_backed_string_heap_round_trip(tmp_path):
     h.extend(values[:600])
     h.extend_raw("".join(values[600:]).encode(), np.array([len(v.encode()) for v in values[600:]]))
     assert [h[i] for i in range(len(values))] == values
-    assert h.nbytes == h._ends.nbytes and (tmp_path / "h").stat().st_size == h.size
-    reopened = StringHeap.open(tmp_path / "h", h.ends(), h.checksum())
+    assert h.nbytes == 0 and (tmp_path / "h").stat().st_size == h.size
+    assert (tmp_path / "h.ends").stat().st_size == 8 * len(values)
+    reopened = StringHeap.open(tmp_path / "h", len(h), h.checksum())
     assert [reopened[i] for i in range(len(values))] == values
 
 
@@ -331,6 +338,36 @@ def test_a_failed_string_write_leaves_the_shard_as_it_was(tmp_path, monkeypatch)
     with pytest.raises(OSError):
         answer_all(shard, plan, fps[100:], fetched[100:], id_hash[100:], ids[100:])
     monkeypatch.setattr(os, "pwrite", real)
+    assert len(shard) == len(twin)
+    later = (fps[100:], fetched[100:], id_hash[100:], ids[100:])
+    assert answer_all(shard, plan, *later) == answer_all(twin, plan, *later)
+
+
+@pytest.mark.parametrize("failing", [".ends", ".fetched", ".idhash"])
+def test_a_write_that_fails_after_the_strings_leaves_the_shard_as_it_was(tmp_path, monkeypatch, failing):
+    """The strings reach their file, then a later column's write fails: every file of the
+    batch is cut back, so the rows stay aligned with their strings."""
+    import errno
+    import os
+
+    from streamdedup.index import file_array
+
+    plan = ShardPlan(TableDesign.named("16"), 1)
+    fps, fetched, id_hash, ids = pages(16, 200)
+    shard, twin = Shard(plan, str(tmp_path / "s")), Shard(plan)
+    answer_all(shard, plan, fps[:100], fetched[:100], id_hash[:100], ids[:100])
+    answer_all(twin, plan, fps[:100], fetched[:100], id_hash[:100], ids[:100])
+    real_write = file_array.FileArray._write
+
+    def full(self, fd, data, at):
+        if self.path.endswith(failing):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write(self, fd, data, at)
+
+    monkeypatch.setattr(file_array.FileArray, "_write", full)
+    with pytest.raises(OSError):
+        answer_all(shard, plan, fps[100:], fetched[100:], id_hash[100:], ids[100:])
+    monkeypatch.setattr(file_array.FileArray, "_write", real_write)
     assert len(shard) == len(twin)
     later = (fps[100:], fetched[100:], id_hash[100:], ids[100:])
     assert answer_all(shard, plan, *later) == answer_all(twin, plan, *later)

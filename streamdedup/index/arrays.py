@@ -42,6 +42,10 @@ class GrowingArray:
         """The rows appended so far (a view: valid until the next extend)."""
         return self._buf[: self.n]
 
+    def truncate(self, n: int) -> None:
+        """Drop the rows from ``n`` on (undo an append)."""
+        self.n = min(self.n, n)
+
     def extend(self, rows: np.ndarray) -> None:
         need = self.n + len(rows)
         if need > len(self._buf):

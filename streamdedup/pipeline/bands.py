@@ -124,6 +124,9 @@ class BandStore:
     def prepare(self) -> None:
         self.table.prepare()
 
+    def close(self) -> None:
+        self.texts.close()
+
     @property
     def nbytes(self) -> int:
         return self.table.nbytes + self.texts.nbytes

@@ -51,13 +51,14 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
-import xxhash
 
 from streamdedup.engine.order import group_masks
 from streamdedup.errors import PlanError
 from streamdedup.fingerprinting.features import mix64
 from streamdedup.index.arrays import GrowingArray
+from streamdedup.index.file_array import FileArray
 from streamdedup.index.hamming import HammingIndex
+from streamdedup.index.strings import StringHeap, texts_from_state, texts_state
 from streamdedup.index.tables import TableDesign
 from streamdedup.pipeline.snapshot_file import read_arrays, write_arrays
 from streamdedup.pipeline.wire import ANSWERS, CHECKS, PROBES, Batch, decode, kind_of
@@ -98,6 +99,8 @@ class Store(Protocol):
     def load(self, rec: Batch) -> None: ...
 
     def prepare(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class Plan(Protocol):
@@ -173,149 +176,6 @@ class ShardPlan:
         return self.design.restricted(self.tables[group])
 
 
-class StringHeap:
-    """Append-only strings with numpy offsets: no object per string.
-
-    In memory (a bytearray), or, given ``path``, in an append-only file read back with
-    ``os.pread`` only for the strings an answer reports: then the bytes live in the OS page
-    cache, not in the worker's memory, and only the offsets (8 bytes a string) stay resident.
-    A file-backed heap is created empty (the file is truncated); :meth:`open` reopens one that
-    a snapshot describes, refusing a file that does not match it.
-
-    >>> h = StringHeap(); h.extend(["a", "Ωb"]); h[1], len(h)
-    ('Ωb', 2)
-    """
-
-    def __init__(self, path: os.PathLike[str] | str | None = None) -> None:
-        self._data = bytearray()
-        self._ends = np.zeros(1024, dtype=np.int64)
-        self._n = 0
-        self._fd: int | None = None
-        self.path = None if path is None else os.fspath(path)
-        if self.path is not None:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-
-    @classmethod
-    def open(cls, path: os.PathLike[str] | str, ends: np.ndarray, check: int) -> StringHeap:
-        """Reopen the file-backed heap a snapshot describes: ``ends`` of its strings and
-        ``check`` (:meth:`checksum` when the snapshot was taken).  Bytes appended after the
-        snapshot are cut off (the changelog replays them).  ValueError if the file is missing,
-        shorter than the snapshot says, or holds other bytes."""
-        heap = cls.__new__(cls)
-        heap._data, heap._n, heap.path = bytearray(), len(ends), os.fspath(path)
-        heap._ends = np.asarray(ends, dtype=np.int64)  # (grows by np.resize: a copy, never in place)
-        size = int(ends[-1]) if len(ends) else 0
-        try:
-            heap._fd = os.open(heap.path, os.O_RDWR)
-        except OSError as e:
-            raise ValueError(f"cannot open the string file {heap.path}: {e}") from None
-        if os.fstat(heap._fd).st_size < size:
-            heap.close()
-            raise ValueError(f"the string file {heap.path} is shorter than its snapshot says ({size} bytes)")
-        os.ftruncate(heap._fd, size)
-        if heap.checksum() != check:
-            heap.close()
-            raise ValueError(f"the string file {heap.path} does not hold the strings its snapshot describes")
-        return heap
-
-    def __len__(self) -> int:
-        return self._n
-
-    @property
-    def size(self) -> int:
-        """Bytes of string data."""
-        return int(self._ends[self._n - 1]) if self._n else 0
-
-    @property
-    def nbytes(self) -> int:
-        """Resident bytes (a file-backed heap's data is not resident)."""
-        return (len(self._data) if self._fd is None else 0) + self._ends.nbytes
-
-    def extend(self, values: list[str]) -> None:
-        encoded = [v.encode("utf-8", "surrogatepass") for v in values]
-        self.extend_raw(b"".join(encoded), np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))
-
-    def extend_raw(self, blob: bytes, lengths: np.ndarray) -> None:
-        """Append strings given as one UTF-8 blob and their byte lengths (no decoding)."""
-        ends = self.size + np.cumsum(lengths, dtype=np.int64)
-        if self._n + len(ends) > len(self._ends):
-            self._ends = np.resize(self._ends, max(self._n + len(ends), 2 * len(self._ends)))
-        if self._fd is None:
-            self._data += blob
-        else:
-            view, at = memoryview(blob), self.size
-            while len(view):  # (a write may be short)
-                done = os.pwrite(self._fd, view, at)
-                view, at = view[done:], at + done
-        self._ends[self._n : self._n + len(ends)] = ends
-        self._n += len(ends)
-
-    def __getitem__(self, i: int) -> str:
-        if not 0 <= i < self._n:
-            raise IndexError(i)
-        start, end = (int(self._ends[i - 1]) if i else 0), int(self._ends[i])
-        raw = self._data[start:end] if self._fd is None else os.pread(self._fd, end - start, start)
-        return raw.decode("utf-8", "surrogatepass")
-
-    def ends(self) -> np.ndarray:
-        return self._ends[: self._n]
-
-    def data(self) -> bytes:
-        """All string bytes (reads the whole file of a file-backed heap)."""
-        return bytes(self._data) if self._fd is None else os.pread(self._fd, self.size, 0)
-
-    def checksum(self) -> int:
-        """xxh64 of the size and of the data's first and last 64 KiB: enough to tell a file from
-        another heap's, without reading gigabytes at a restart."""
-        size, span = self.size, 1 << 16
-        if self._fd is None:
-            head, tail = bytes(self._data[:span]), bytes(self._data[max(0, size - span) : size])
-        else:
-            head = os.pread(self._fd, min(span, size), 0)
-            tail = os.pread(self._fd, min(span, size), max(0, size - span))
-        return xxhash.xxh64_intdigest(size.to_bytes(8, "little") + head + tail)
-
-    def keep(self, rows: np.ndarray) -> None:
-        """Keep only the strings ``rows`` (ascending), renumbered in their order (retention's
-        compaction).  A file-backed heap is copied, a chunk at a time, to a new file that then
-        replaces the old one: a failure before that leaves the heap as it was."""
-        rows = np.asarray(rows, dtype=np.int64)
-        ends = self.ends()
-        lengths = np.diff(ends, prepend=0)
-        keep = np.zeros(self._n, dtype=bool)
-        keep[rows] = True
-        if self._fd is None:
-            self._data = bytearray(np.frombuffer(self._data, np.uint8)[np.repeat(keep, lengths)].tobytes())
-        else:
-            assert self.path is not None
-            tmp = self.path + ".compacting"
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                at, chunk = 0, 1 << 16
-                for lo in range(0, self._n, chunk):
-                    hi = min(self._n, lo + chunk)
-                    start = int(ends[lo - 1]) if lo else 0
-                    raw = np.frombuffer(os.pread(self._fd, int(ends[hi - 1]) - start, start), np.uint8)
-                    view = memoryview(raw[np.repeat(keep[lo:hi], lengths[lo:hi])].tobytes())
-                    while len(view):
-                        done = os.pwrite(fd, view, at)
-                        view, at = view[done:], at + done
-                os.replace(tmp, self.path)
-            except BaseException:
-                os.close(fd)
-                raise
-            os.close(self._fd)
-            self._fd = fd
-        self._ends = np.cumsum(lengths[rows], dtype=np.int64)
-        self._n = len(rows)
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-            self._data = bytearray()
-
-
 @dataclass
 class Answers:
     """One shard's answers to a batch of probes, aligned with the probes.
@@ -356,7 +216,7 @@ class Shard:
     def close(self) -> None:
         """Close the string files (the shard is no longer used)."""
         for g in self._groups.values():
-            g.texts.close()
+            g.close()
 
     def _strings_path(self, g: int) -> str | None:
         return None if self.strings is None else f"{self.strings}.g{g}.strings"
@@ -645,8 +505,31 @@ class _GroupStore:
     def __init__(self, design: TableDesign, masks: np.ndarray, strings: str | None = None) -> None:
         self.index = HammingIndex(k=design.k, design=design)
         self.mask, self.earlier = masks[-1], masks[:-1]  # this group's bits, those of the groups before it
-        self.fetched, self.id_hash = GrowingArray(np.int64), GrowingArray(np.uint64)  # (fingerprints: the index's)
+        # what an answer tells of a row, beside its fingerprint (the index's): in files next to the
+        # string file when there is one (read only for the rows a probe finds; module doc)
+        self.fetched: Column = _column(np.int64, strings, ".fetched")
+        self.id_hash: Column = _column(np.uint64, strings, ".idhash")
         self.texts = StringHeap(strings)  # id of row r at 2r ("" when it is the url), its url at 2r + 1
+
+    def close(self) -> None:
+        self.texts.close()
+        for col in (self.fetched, self.id_hash):
+            if isinstance(col, FileArray):
+                col.close()
+
+    def _append(self, fetched: np.ndarray, id_hash: np.ndarray, strings: Callable[[], None]) -> None:
+        """Append rows' columns and strings (``strings`` appends those): all or, if a write
+        fails (a full disk), none of them."""
+        rows, texts = len(self.id_hash), len(self.texts)
+        try:
+            strings()
+            self.fetched.extend(fetched)
+            self.id_hash.extend(id_hash)
+        except BaseException:
+            self.texts.truncate(texts)
+            self.fetched.truncate(rows)
+            self.id_hash.truncate(rows)
+            raise
 
     def __len__(self) -> int:
         return len(self.index)
@@ -697,11 +580,10 @@ class _GroupStore:
             ranked = rank[first[inverse[fresh]]]  # (-1: not stored; it stands after every stored page)
             pos[fresh[ranked >= 0]] = start + ranked[ranked >= 0]
             if len(new_idx):
-                # the strings first: their write can fail (a full disk) and leaves the rest untouched.
-                # An id equal to its url (the default) is stored as "" (ids are never empty)
-                self.texts.extend([x for i in new_idx.tolist() for x in ("" if ids[i] == urls[i] else ids[i], urls[i])])
-                self.fetched.extend(fetched[new_idx])
-                self.id_hash.extend(id_hash[new_idx])
+                # the writes that can fail (a full disk) first, all or none. An id equal to its url
+                # (the default) is stored as "" (ids are never empty)
+                texts = [x for i in new_idx.tolist() for x in ("" if ids[i] == urls[i] else ids[i], urls[i])]
+                self._append(fetched[new_idx], id_hash[new_idx], lambda: self.texts.extend(texts))
                 # the batch against its own new pages: a small index of them, searched once
                 mine = HammingIndex(k=self.index.k, design=self.index.design)
                 mine.add_many(range(len(new_idx)), fps[new_idx])
@@ -735,7 +617,8 @@ class _GroupStore:
 
     def state(self) -> dict[str, np.ndarray]:
         out = {f"index.{k}": v for k, v in self.index.state().items()}
-        out.update({"fetched": self.fetched.view(), "id_hash": self.id_hash.view(), **texts_state(self.texts)})
+        out.update({**_column_state("fetched", self.fetched), **_column_state("id_hash", self.id_hash)})
+        out.update(texts_state(self.texts))
         return out
 
     @classmethod
@@ -744,16 +627,20 @@ class _GroupStore:
         store.mask, store.earlier = masks[-1], masks[:-1]
         store.index = HammingIndex.from_state({k[6:]: v for k, v in state.items() if k.startswith("index.")})
         # taken over, not copied: a snapshot's arrays are read fresh (snapshot_file)
-        store.fetched, store.id_hash = GrowingArray.of(state["fetched"]), GrowingArray.of(state["id_hash"])
+        rows = len(store.index.alive_rows())
         store.texts = texts_from_state(state, strings)
+        try:
+            store.fetched = _column_from_state("fetched", np.int64, state, rows, strings, ".fetched")
+            store.id_hash = _column_from_state("id_hash", np.uint64, state, rows, strings, ".idhash")
+        except BaseException:
+            store.texts.close()
+            raise
         return store
 
     def load(self, rec: Batch) -> None:
         start = len(self.id_hash)
-        self.texts.extend_raw(rec.strings, rec.lengths)  # first: the write that can fail
+        self._append(rec.fetched, rec.id_hash, lambda: self.texts.extend_raw(rec.strings, rec.lengths))
         self.index.add_many(range(start, start + len(rec)), rec.fps)
-        self.fetched.extend(rec.fetched)
-        self.id_hash.extend(rec.id_hash)
 
     def rows(self) -> int:
         """Rows numbered so far, expired ones not yet compacted away included."""
@@ -769,31 +656,47 @@ class _GroupStore:
         if len(self.index) * 4 >= 3 * len(self.id_hash) or not len(old):
             return False
         live = np.flatnonzero(self.index.alive_rows())
-        self.texts.keep(np.stack((2 * live, 2 * live + 1), axis=1).ravel())  # first: the write that can fail
+        self.texts.keep(np.stack((2 * live, 2 * live + 1), axis=1).ravel())  # first: the writes that can fail
+        self.fetched, self.id_hash = _keep(self.fetched, live), _keep(self.id_hash, live)
         self.index.keep_rows(live)
-        self.fetched = GrowingArray.of(self.fetched.view()[live])
-        self.id_hash = GrowingArray.of(self.id_hash.view()[live])
         return True
 
 
-def texts_state(texts: StringHeap) -> dict[str, np.ndarray]:
-    """What a snapshot keeps of a store's strings: their ends, and the bytes (in memory) or the
-    file's checksum (file-backed: the file holds them; see :meth:`StringHeap.open`)."""
-    if texts.path is None:
-        return {"text_ends": texts.ends(), "texts": np.frombuffer(texts.data(), dtype=np.uint8)}
-    return {"text_ends": texts.ends(), "text_check": np.array(texts.checksum(), dtype=np.uint64)}
+Column = GrowingArray | FileArray
 
 
-def texts_from_state(state: dict[str, np.ndarray], strings: str | None) -> StringHeap:
-    """The strings :func:`texts_state` describes, in memory or in the file ``strings``."""
-    ends = state["text_ends"]
-    if "texts" in state:  # a snapshot of in-memory strings (to memory, or to a new file)
-        texts = StringHeap(strings)
-        texts.extend_raw(state["texts"].tobytes(), np.diff(ends, prepend=0))
-        return texts
+def _column(dtype: type, strings: str | None, suffix: str) -> Column:
+    """A store's column: in memory, or in the file ``strings + suffix``."""
+    return GrowingArray(dtype) if strings is None else FileArray(dtype, strings + suffix)
+
+
+def _keep(col: Column, rows: np.ndarray) -> Column:
+    """The column's values at ``rows`` (ascending) only."""
+    if isinstance(col, FileArray):
+        col.keep(rows)
+        return col
+    return GrowingArray.of(col.view()[rows])
+
+
+def _column_state(name: str, col: Column) -> dict[str, np.ndarray]:
+    """What a snapshot keeps of a column: its values, or the file's checksum."""
+    if isinstance(col, FileArray):
+        return {f"{name}_check": np.array(col.checksum(), dtype=np.uint64)}
+    return {name: col.view()}
+
+
+def _column_from_state(
+    name: str, dtype: type, state: dict[str, np.ndarray], rows: int, strings: str | None, suffix: str
+) -> Column:
+    """The column :func:`_column_state` describes, with ``rows`` values, in memory or in a file."""
+    if name in state:  # values in the snapshot: to memory, or to a new file
+        values = state[name]
+        if len(values) != rows:
+            raise ValueError(f"the snapshot's {name} column has {len(values)} rows, not {rows}")
+        return GrowingArray.of(values) if strings is None else FileArray.of(values.astype(dtype), strings + suffix)
     if strings is None:
-        raise ValueError("the snapshot keeps its strings in files, and no string file was given")
-    return StringHeap.open(strings, ends, int(state["text_check"]))
+        raise ValueError("the snapshot keeps its columns in files, and no string file was given")
+    return FileArray.open(dtype, strings + suffix, rows, int(state[f"{name}_check"]))
 
 
 def _read_snapshot(path: os.PathLike[str] | str) -> tuple[dict[str, np.ndarray], dict]:
