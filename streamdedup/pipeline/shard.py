@@ -511,6 +511,10 @@ class _GroupStore:
         self.id_hash: Column = _column(np.uint64, strings, ".idhash")
         self.texts = StringHeap(strings)  # id of row r at 2r ("" when it is the url), its url at 2r + 1
 
+    def _new_index(self) -> HammingIndex:
+        """An empty index of this store's kind."""
+        return HammingIndex(k=self.index.k, design=self.index.design)
+
     def close(self) -> None:
         self.texts.close()
         for col in (self.fetched, self.id_hash):
@@ -551,9 +555,10 @@ class _GroupStore:
         n, start = len(fps), len(self.id_hash)
         found = self.index.search(fps)  # the pages stored before this batch, within k
         q, row, dist = found.query, found.row, found.distance
+        rfp = _matched_fps(self.index, found)
         if cutoff is not None:
             live = self.fetched.view()[row] >= cutoff
-            q, row, dist = q[live], row[live], dist[live]
+            q, row, dist, rfp = q[live], row[live], dist[live], rfp[live]
         # Where each probe stands in this group's order: after every stored page, unless its id
         # and fingerprint are stored already (a replay or an unchanged re-fetch), then at its first
         # store (the smallest such row: rows are numbered in store order).
@@ -585,16 +590,16 @@ class _GroupStore:
                 texts = [x for i in new_idx.tolist() for x in ("" if ids[i] == urls[i] else ids[i], urls[i])]
                 self._append(fetched[new_idx], id_hash[new_idx], lambda: self.texts.extend(texts))
                 # the batch against its own new pages: a small index of them, searched once
-                mine = HammingIndex(k=self.index.k, design=self.index.design)
+                mine = self._new_index()
                 mine.add_many(range(len(new_idx)), fps[new_idx])
                 inner = mine.search(fps)
                 q = np.concatenate((q, inner.query))
                 row = np.concatenate((row, start + inner.row))
                 dist = np.concatenate((dist, inner.distance))
+                rfp = np.concatenate((rfp, fps[new_idx][inner.row]))
                 self.index.add_many(range(start, start + len(new_idx)), fps[new_idx])
         out.stored[sel[new]] = True
-        stored_fps = self.index.fingerprints()
-        row_fp, row_hash = stored_fps[row], self.id_hash.view()[row]
+        row_fp, row_hash = rfp, self.id_hash.view()[row]
         # the rule: stored before the probe's position, another id, and this is the pair's canonical group
         keep = (row < pos[q]) & (row_hash != id_hash[q])
         if cutoff is not None:  # (the batch's own new pages too)
@@ -604,12 +609,12 @@ class _GroupStore:
         keep &= (x & self.mask) == 0
         if len(self.earlier):
             keep &= (x[:, None] & self.earlier[None, :] != 0).all(axis=1)
-        q, row, dist = q[keep], row[keep], dist[keep]
+        q, row, dist, row_fp = q[keep], row[keep], dist[keep], row_fp[keep]
         order = np.lexsort((row, dist, q))  # nearest, then first stored
-        q, row, dist = q[order], row[order], dist[order]
+        q, row, dist, row_fp = q[order], row[order], dist[order], row_fp[order]
         best = np.flatnonzero(np.r_[True, q[1:] != q[:-1]]) if len(q) else q
         p, r = sel[q[best]], row[best]
-        out.distance[p], out.fingerprint[p] = dist[best], stored_fps[r]
+        out.distance[p], out.fingerprint[p] = dist[best], row_fp[best]
         out.fetched[p], out.id_hash[p] = self.fetched.view()[r], self.id_hash.view()[r]
         for i, stored in zip(p.tolist(), r.tolist()):
             out.ids[i] = self.texts[2 * stored] or self.texts[2 * stored + 1]
@@ -663,6 +668,12 @@ class _GroupStore:
 
 
 Column = GrowingArray | FileArray
+
+
+def _matched_fps(index: HammingIndex, found) -> np.ndarray:
+    """The stored fingerprints of ``found``'s rows: given with the matches, or read by row."""
+    given = getattr(found, "fingerprint", None)
+    return given if given is not None else index.fingerprints()[found.row]
 
 
 def _column(dtype: type, strings: str | None, suffix: str) -> Column:
