@@ -49,6 +49,8 @@ class Matches:
     query: np.ndarray  # int64 index into the queried batch
     row: np.ndarray  # int64 row in the index
     distance: np.ndarray  # int64
+    #: the matched stored fingerprints (uint64), when the index keeps them with its entries
+    fingerprint: np.ndarray | None = None
 
 
 class _Run:

@@ -1,0 +1,162 @@
+"""The numba kernels of :class:`streamdedup.index.blocks.BlockIndex` (imported on first use).
+
+Each is a loop version of the numpy path in :mod:`streamdedup.index.blocks` and gives the same
+arrays (``tests/test_block_index.py`` checks both): a run is two parallel arrays, ``fps``
+(uint64, sorted by their key bits, ties in row order) and ``rows`` (uint32).
+
+``nogil=True``: the merge runs in a background thread while the caller's thread keeps
+searching and inserting.  ``cache=True``: compiled once per machine (see numba_kernels.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+__all__ = ["scan_run", "merge_runs", "bucket_offsets"]
+
+_M1 = np.uint64(0x5555555555555555)
+_M2 = np.uint64(0x3333333333333333)
+_M4 = np.uint64(0x0F0F0F0F0F0F0F0F)
+_H01 = np.uint64(0x0101010101010101)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _popcount(x):
+    # the textbook SWAR count: LLVM turns it into one popcnt instruction
+    x = x - ((x >> np.uint64(1)) & _M1)
+    x = (x & _M2) + ((x >> np.uint64(2)) & _M2)
+    x = (x + (x >> np.uint64(4))) & _M4
+    return (x * _H01) >> np.uint64(56)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _first_key_at_least(fps, lo, hi, key, shift, kmask):
+    """First position in [lo, hi) whose key is >= key (the keys are sorted)."""
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if (fps[mid] >> shift) & kmask < key:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True, nogil=True)
+def scan_run(fps, rows, directory, dir_shift, shift, kmask, queries, alive, k):
+    """Every alive entry of the run within ``k`` bits of a query and with its key.
+
+    Returns (query index, position in the run, distance), in query order then position order.
+    """
+    n_q = len(queries)
+    cap = 2 * n_q + 16
+    out_q = np.empty(cap, dtype=np.int64)
+    out_p = np.empty(cap, dtype=np.int64)
+    out_d = np.empty(cap, dtype=np.int64)
+    n = 0
+    kk = np.uint64(k)
+    for i in range(n_q):
+        q = queries[i]
+        key = (q >> shift) & kmask
+        if len(directory):
+            b = key >> dir_shift
+            lo = np.int64(directory[b])
+            hi = np.int64(directory[b + np.uint64(1)])
+        else:
+            lo = np.int64(0)
+            hi = np.int64(len(fps))
+        if dir_shift != 0 or not len(directory):  # a bucket may hold several keys: narrow it
+            lo = _first_key_at_least(fps, lo, hi, key, shift, kmask)
+            hi = _first_key_at_least(fps, lo, hi, key + np.uint64(1), shift, kmask)
+        j = lo
+        # eight at a time with no branch inside (vectorised popcounts), then look closer only
+        # at the rare block of eight holding a hit
+        while j + 8 <= hi:
+            least = _popcount(fps[j] ^ q)
+            for t in range(1, 8):
+                least = min(least, _popcount(fps[j + t] ^ q))
+            if least <= kk:
+                for t in range(8):
+                    d = _popcount(fps[j + t] ^ q)
+                    if d <= kk:
+                        r = rows[j + t]
+                        if (alive[r >> 3] >> (r & 7)) & 1:
+                            if n == cap:
+                                cap *= 2
+                                out_q = _grown(out_q, cap)
+                                out_p = _grown(out_p, cap)
+                                out_d = _grown(out_d, cap)
+                            out_q[n] = i
+                            out_p[n] = j + t
+                            out_d[n] = d
+                            n += 1
+            j += 8
+        while j < hi:
+            d = _popcount(fps[j] ^ q)
+            if d <= kk:
+                r = rows[j]
+                if (alive[r >> 3] >> (r & 7)) & 1:
+                    if n == cap:
+                        cap *= 2
+                        out_q = _grown(out_q, cap)
+                        out_p = _grown(out_p, cap)
+                        out_d = _grown(out_d, cap)
+                    out_q[n] = i
+                    out_p[n] = j
+                    out_d[n] = d
+                    n += 1
+            j += 1
+    return out_q[:n], out_p[:n], out_d[:n]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _grown(a, cap):
+    out = np.empty(cap, dtype=a.dtype)
+    out[: len(a)] = a
+    return out
+
+
+@njit(cache=True, nogil=True)
+def merge_runs(fps_a, rows_a, fps_b, rows_b, shift, kmask, out_fps, out_rows):
+    """Merge two runs by key into ``out_*`` (preallocated, exact size); on equal keys ``a``'s
+    entries come first (its rows are the older, smaller ones)."""
+    na = len(fps_a)
+    nb = len(fps_b)
+    i = 0
+    j = 0
+    o = 0
+    while i < na and j < nb:
+        if (fps_b[j] >> shift) & kmask < (fps_a[i] >> shift) & kmask:
+            out_fps[o] = fps_b[j]
+            out_rows[o] = rows_b[j]
+            j += 1
+        else:
+            out_fps[o] = fps_a[i]
+            out_rows[o] = rows_a[i]
+            i += 1
+        o += 1
+    while i < na:
+        out_fps[o] = fps_a[i]
+        out_rows[o] = rows_a[i]
+        i += 1
+        o += 1
+    while j < nb:
+        out_fps[o] = fps_b[j]
+        out_rows[o] = rows_b[j]
+        j += 1
+        o += 1
+
+
+@njit(cache=True, nogil=True)
+def bucket_offsets(fps, shift, kmask, dir_shift, n_buckets):
+    """The directory of a sorted run: where each bucket (``key >> dir_shift``) starts, and its end."""
+    counts = np.zeros(n_buckets + 1, dtype=np.int64)
+    for j in range(len(fps)):
+        counts[((fps[j] >> shift) & kmask) >> dir_shift] += 1
+    out = np.empty(n_buckets + 1, dtype=np.uint32)
+    total = 0
+    for b in range(n_buckets):
+        out[b] = total
+        total += counts[b]
+    out[n_buckets] = total
+    return out

@@ -1,0 +1,410 @@
+"""BlockIndex returns exactly the alive stored rows within k bits that agree with the query on the
+key bits: checked against brute force on random and planted data, across many runs, removes,
+keep_rows, snapshots, both kernel paths and background or inline merges."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from streamdedup.index import block_kernels
+from streamdedup.index.blocks import BlockIndex
+from streamdedup.index.hamming import HammingIndex
+from streamdedup.pipeline.snapshot_file import read_arrays, write_arrays
+
+M64 = 2**64 - 1
+U64 = st.integers(min_value=0, max_value=M64)
+MASKS = [0xFFFF, 0xFFFF << 16, 0xFFFF << 32, 0xFFFF << 48, 0xFF, 0xFF << 56, 0xFFFF_FFFF << 20, 0x3FF << 7]
+PATHS = [(True, True), (True, False), (False, True), (False, False)]  # (compiled, background)
+
+
+def small(mask: int, k: int = 3, *, compiled: bool | None = None, background: bool = True) -> BlockIndex:
+    """An index whose thresholds are tiny, so a few hundred rows make many runs, directories
+    (narrow and exact ones) and background merges."""
+    idx = BlockIndex(mask, k, compiled=compiled, background=background)
+    idx.SMALL_RUN, idx.DIRECTORY_MIN, idx.BACKGROUND_MIN, idx.PER_BUCKET = 4, 16, 48, 2
+    return idx
+
+
+def brute(fps: list[int], alive: list[bool], mask: int, queries: list[int], k: int) -> list[tuple[int, int, int, int]]:
+    """(query, distance, row, fingerprint) of every alive row within k bits sharing the key."""
+    out = []
+    for q, query in enumerate(queries):
+        for r, fp in enumerate(fps):
+            x = fp ^ query
+            if alive[r] and x & mask == 0 and x.bit_count() <= k:
+                out.append((q, x.bit_count(), r, fp))
+    return sorted(out)
+
+
+def brute_np(fps: np.ndarray, alive: np.ndarray, mask: int, queries: np.ndarray, k: int) -> list[tuple[int, ...]]:
+    """:func:`brute` with numpy, a few queries at a time (for tens of thousands of rows)."""
+    out = []
+    for at in range(0, len(queries), 50):
+        x = queries[at : at + 50, None] ^ fps[None, :]
+        dist = np.bitwise_count(x)
+        q, r = np.nonzero((dist <= k) & (x & np.uint64(mask) == 0) & alive[None, :])
+        out += zip((q + at).tolist(), dist[q, r].tolist(), r.tolist(), fps[r].tolist())
+    return sorted(out)
+
+
+def as_tuples(found) -> list[tuple[int, int, int, int]]:
+    return list(
+        zip(found.query.tolist(), found.distance.tolist(), found.row.tolist(), found.fingerprint.tolist(), strict=True)
+    )
+
+
+def same(a, b) -> bool:
+    return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("query", "row", "distance", "fingerprint"))
+
+
+@st.composite
+def crowded(draw, mask: int, size: int = 120) -> list[int]:
+    """Fingerprints around a few hubs (1..5 bits flipped, so many share the key and lie within
+    k of each other), some with the key bits of a hub and the rest random, and some random."""
+    hubs = draw(st.lists(U64, min_size=1, max_size=4))
+    out = []
+    for _ in range(draw(st.integers(0, size))):
+        kind = draw(st.integers(0, 3))
+        hub = draw(st.sampled_from(hubs))
+        if kind <= 1:
+            for bit in draw(st.lists(st.integers(0, 63), max_size=5)):
+                hub ^= 1 << bit
+            out.append(hub)
+        elif kind == 2:
+            out.append((hub & mask) | (draw(U64) & ~mask & M64))
+        else:
+            out.append(draw(U64))
+    return out
+
+
+@st.composite
+def scenario(draw):
+    mask = draw(st.sampled_from(MASKS))
+    k = draw(st.integers(0, 5))
+    fps = draw(crowded(mask))
+    cuts = sorted(draw(st.lists(st.integers(0, len(fps)), max_size=12)))
+    removes = draw(st.lists(st.integers(0, max(len(fps) - 1, 0)), max_size=40)) if fps else []
+    queries = draw(crowded(mask, 40)) + draw(st.lists(st.sampled_from(fps), max_size=10) if fps else st.just([]))
+    return mask, k, fps, cuts, removes, queries
+
+
+def build(mask, k, fps, cuts, removes, **kw) -> BlockIndex:
+    idx = small(mask, k, **kw)
+    bounds = [0, *cuts, len(fps)]
+    for a, b in zip(bounds, bounds[1:]):
+        idx.add_many(range(a, b), np.array(fps[a:b], dtype=np.uint64))
+        idx.remove_rows([r for r in removes if r < b])  # removes as the rows come (repeats are no-ops)
+    return idx
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(scenario())
+def test_search_is_brute_force_on_every_path(case):
+    mask, k, fps, cuts, removes, queries = case
+    alive = [r not in set(removes) for r in range(len(fps))]
+    expected = brute(fps, alive, mask, queries, k)
+    results = []
+    for compiled, background in PATHS:
+        idx = build(mask, k, fps, cuts, removes, compiled=compiled, background=background)
+        assert len(idx) == sum(alive)
+        assert idx.alive_rows().tolist() == alive
+        found = idx.search(np.array(queries, dtype=np.uint64))
+        assert as_tuples(found) == expected
+        results.append(found)
+        # a smaller k on the same index: the subset
+        assert as_tuples(idx.search(queries, k=max(k - 1, 0))) == [t for t in expected if t[1] <= max(k - 1, 0)]
+        idx.wait()
+        assert same(idx.search(queries), found)  # after the background merges landed too
+    assert all(same(r, results[0]) for r in results)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(scenario(), st.booleans())
+def test_keep_rows_renumbers_and_answers_the_same(case, compiled):
+    mask, k, fps, cuts, removes, queries = case
+    idx = build(mask, k, fps, cuts, removes, compiled=compiled)
+    live = np.flatnonzero(idx.alive_rows())
+    before = idx.search(queries)
+    idx.keep_rows(live)
+    assert len(idx) == idx.rows == len(live) and idx.alive_rows().all()
+    after = idx.search(queries)
+    # the same matches, rows renumbered in order
+    assert after.query.tolist() == before.query.tolist()
+    assert live[after.row].tolist() == before.row.tolist()
+    assert after.fingerprint.tolist() == before.fingerprint.tolist()
+    kept = [fps[r] for r in live.tolist()]
+    assert as_tuples(after) == brute(kept, [True] * len(kept), mask, queries, k)
+    # and it keeps growing from there
+    idx.add_many(range(len(live), len(live) + len(fps)), fps)
+    both = kept + fps
+    assert as_tuples(idx.search(queries)) == brute(both, [True] * len(both), mask, queries, k)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(scenario(), st.booleans())
+def test_state_round_trip_answers_exactly_like_the_original(case, compiled):
+    mask, k, fps, cuts, removes, queries = case
+    idx = build(mask, k, fps, cuts, removes, compiled=compiled)
+    state = idx.state()
+    loaded = BlockIndex.from_state(state, compiled=compiled)
+    for name, a in loaded.state().items():  # the arrays taken over as they were
+        assert np.array_equal(a, state[name]), name
+    assert len(loaded) == len(idx) and loaded.rows == idx.rows
+    assert same(loaded.search(queries), idx.search(queries))
+    # both go on growing alike
+    for x in (idx, loaded):
+        x.add_many(range(len(fps), 2 * len(fps)), np.array(fps, dtype=np.uint64) ^ np.uint64(1))
+    assert same(loaded.search(queries), idx.search(queries))
+
+
+def planted(n: int, mask: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """n random fingerprints, a tenth of them sharing a few keys, and queries of which half are
+    stored fingerprints with 0..4 bits flipped."""
+    rng = np.random.default_rng(seed)
+    fps = rng.integers(0, M64, size=n, dtype=np.uint64, endpoint=True)
+    hubs = rng.integers(0, M64, size=8, dtype=np.uint64, endpoint=True)
+    crowd = rng.integers(0, n, size=n // 10)
+    fps[crowd] = (fps[crowd] & ~np.uint64(mask)) | (hubs[rng.integers(0, 8, size=len(crowd))] & np.uint64(mask))
+    near = fps[rng.integers(0, n, size=500)]
+    for i in range(len(near)):
+        for bit in rng.choice(64, size=i % 5, replace=False):
+            near[i] ^= np.uint64(1) << np.uint64(bit)
+    return fps, np.concatenate((near, rng.integers(0, M64, size=500, dtype=np.uint64, endpoint=True)))
+
+
+@pytest.mark.parametrize("mask", [0xFFFF << 16, 0xFF << 8, 0xFFFF_FFFF])
+def test_numba_and_numpy_paths_bit_for_bit(mask):
+    fps, queries = planted(60_000, mask, seed=mask % 1000)
+    built = {}
+    for compiled in (True, False):
+        idx = BlockIndex(mask, compiled=compiled, background=False)
+        idx.DIRECTORY_MIN, idx.SMALL_RUN = 1 << 12, 1 << 10
+        for s in range(0, len(fps), 700):
+            idx.add_many(range(s, min(s + 700, len(fps))), fps[s : s + 700])
+        idx.remove_rows(np.arange(0, len(fps), 11))
+        built[compiled] = idx
+    fast, slow = built[True], built[False]
+    assert fast.runs > 2  # directories and binary-searched runs alike
+    # merges and directories give the same arrays
+    a, b = fast.state(), slow.state()
+    assert a.keys() == b.keys() and all(np.array_equal(a[n], b[n]) for n in a)
+    assert any(n.startswith("dir") for n in a)
+    found = fast.search(queries)
+    assert same(found, slow.search(queries))
+    alive = np.ones(len(fps), dtype=bool)
+    alive[::11] = False
+    assert as_tuples(found) == brute_np(fps, alive, mask, queries, 3)
+    assert len(found.query) > 100  # planted neighbours found
+    for k in (0, 1, 7):
+        assert same(fast.search(queries, k=k), slow.search(queries, k=k))
+
+
+def test_the_block_kernels_are_compiled_here():
+    assert BlockIndex(0xFFFF)._fast() is block_kernels  # numba is a dependency here
+
+
+_NO_NUMBA = """
+import json, sys
+sys.modules["numba"] = None  # as if numba were not installed
+import numpy as np
+from streamdedup.index.blocks import BlockIndex
+fps, queries = (np.array(x, dtype=np.uint64) for x in json.loads(sys.stdin.read()))
+idx = BlockIndex(0xFFFF << 48)
+assert idx._fast() is None
+idx.DIRECTORY_MIN, idx.SMALL_RUN, idx.BACKGROUND_MIN = 64, 16, 256
+for s in range(0, len(fps), 100):
+    idx.add_many(range(s, min(s + 100, len(fps))), fps[s : s + 100])
+f = idx.search(queries)
+print(json.dumps([f.query.tolist(), f.row.tolist(), f.distance.tolist(), f.fingerprint.tolist()]))
+"""
+
+
+def test_without_numba_the_same_answers():
+    fps, queries = planted(3000, 0xFFFF << 48, seed=3)
+    env = {"PATH": "", "PYTHONPATH": ":".join(sys.path)}
+    got = subprocess.run(
+        [sys.executable, "-c", _NO_NUMBA],
+        input=json.dumps([fps.tolist(), queries.tolist()]),
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        timeout=300,
+    )
+    idx = BlockIndex(0xFFFF << 48, compiled=True)
+    idx.add_many(range(len(fps)), fps)
+    f = idx.search(queries)
+    assert json.loads(got.stdout) == [f.query.tolist(), f.row.tolist(), f.distance.tolist(), f.fingerprint.tolist()]
+
+
+class HeldMerges:
+    """Background merges that wait for a signal before they start (a merge under way, held)."""
+
+    def __init__(self, idx: BlockIndex) -> None:
+        self.go, self.started = threading.Event(), 0
+        real = idx._merged
+
+        def held(old, new):
+            if threading.current_thread() is not threading.main_thread():
+                self.started += 1
+                assert self.go.wait(60), "the test never released the merge"
+            return real(old, new)
+
+        idx._merged = held  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_held_background_merge_changes_no_answer(compiled, tmp_path):
+    mask = 0xFFFF << 32
+    fps, queries = planted(4000, mask, seed=7)
+    idx = small(mask, compiled=compiled)
+    idx.BACKGROUND_MIN = 400
+    held = HeldMerges(idx)
+    ref = small(mask, compiled=compiled, background=False)
+    for s in range(0, 3000, 50):
+        for x in (idx, ref):
+            x.add_many(range(s, s + 50), fps[s : s + 50])
+    assert idx._pending is not None and held.started  # a merge is under way, held
+    runs_held = idx.runs
+    assert runs_held > ref.runs  # newer runs piled up behind it
+    assert same(idx.search(queries), ref.search(queries))
+    for x in (idx, ref):
+        x.remove_rows(np.arange(0, 3000, 5))
+    # a snapshot now is consistent: the merge's inputs are saved, not its output
+    write_arrays(tmp_path / "s", idx.state(), {})
+    arrays, _ = read_arrays(tmp_path / "s")
+    loaded = BlockIndex.from_state(arrays, compiled=compiled)
+    assert loaded._pending is None
+    assert same(loaded.search(queries), ref.search(queries))
+    assert idx._pending is not None  # state() did not wait for it
+    held.go.set()
+    for x in (idx, ref, loaded):
+        x.add_many(range(3000, 4000), fps[3000:])
+    idx.wait()
+    assert idx._pending is None and idx.runs < runs_held
+    assert same(idx.search(queries), ref.search(queries))
+    assert same(loaded.search(queries), ref.search(queries))
+    expected = brute(fps.tolist(), [r % 5 != 0 or r >= 3000 for r in range(4000)], mask, queries.tolist(), 3)
+    assert as_tuples(idx.search(queries)) == expected
+
+
+def test_a_failed_background_merge_is_raised_on_the_callers_thread():
+    idx = small(0xFFFF)
+
+    def broken(old, new):
+        raise MemoryError("no room for the merged run")
+
+    idx._merged = broken  # type: ignore[method-assign]
+    fps = np.arange(1000, dtype=np.uint64)
+    with pytest.raises(MemoryError, match="no room"):
+        for s in range(0, 1000, 10):
+            idx.add_many(range(s, s + 10), fps[s : s + 10])
+        idx.wait()
+
+
+def test_merges_make_exact_size_arrays_and_the_budget_holds():
+    mask = 0xFFFF << 16
+    fps, _ = planted(300_000, mask, seed=11)
+    idx = BlockIndex(mask)
+    for s in range(0, len(fps), 1000):
+        idx.add_many(range(s, s + 1000), fps[s : s + 1000])
+    idx.prepare()
+    for i in range(idx.runs):
+        run = idx._runs[i]
+        assert run.fps.base is None and run.rows.base is None  # their own arrays, of their size
+    assert idx.runs <= 8
+    assert idx.nbytes / len(idx) <= 14
+    idx.remove_rows(np.arange(0, len(fps), 2))
+    before = idx.nbytes
+    idx.keep_rows(np.flatnonzero(idx.alive_rows()))
+    assert idx.nbytes < 0.6 * before
+
+
+def test_bad_arguments_are_refused():
+    for mask in (0, 0xF, 0xFF00FF, 2**64, 0x1_FFFF_FFFF):
+        with pytest.raises(ValueError, match="contiguous block|64-bit block"):
+            BlockIndex(mask)
+    idx = BlockIndex(0xFFFF)
+    with pytest.raises(ValueError, match="rows must be 0"):
+        idx.add_many(range(1, 3), [1, 2])
+    idx.add_many(np.arange(2), [1, 2])
+    with pytest.raises(ValueError, match="rows must be 2"):
+        idx.add_many([2, 4], [1, 2])
+    with pytest.raises(ValueError, match="rows must be 2"):
+        idx.add_many(range(2, 4), [1])
+    with pytest.raises(ValueError, match="rows must be in"):
+        idx.remove_rows([5])
+    with pytest.raises(ValueError, match="k must be"):
+        idx.search([1], k=65)
+    with pytest.raises(ValueError, match="ascending"):
+        idx.keep_rows([1, 0])
+
+
+def good_state() -> dict[str, np.ndarray]:
+    fps, _ = planted(2000, 0xFFFF, seed=5)
+    idx = BlockIndex(0xFFFF, background=False)
+    idx.DIRECTORY_MIN, idx.SMALL_RUN = 512, 4
+    for s in range(0, 2000, 300):
+        idx.add_many(range(s, min(s + 300, 2000)), fps[s : s + 300])
+    idx.add_many(range(2000, 2010), fps[:10])
+    state = idx.state()
+    assert "dir0" in state and "fps1" in state
+    return state
+
+
+def _unsorted(s):
+    s["fps0"] = s["fps0"][::-1].copy()
+
+
+def _swapped_rows(s):
+    s["rows0"] = s["rows0"][::-1].copy()
+
+
+def _bad_dir(s):
+    s["dir0"] = s["dir0"].copy()
+    s["dir0"][5] += 1
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda s: s.pop("mask"), "needs 'mask'"),
+        (lambda s: s.update(mask=np.array(0xF0F0, dtype=np.uint64)), "contiguous"),
+        (lambda s: s.pop("rows1"), "run 1: rows must be"),
+        (lambda s: s.update(fps1=s["fps1"].astype(np.int64)), "run 1: fps must be"),
+        (lambda s: s.update(fps1=s["fps1"][:-1]), "fingerprints for"),
+        (lambda s: s.update(alive=s["alive"][:-1]), "alive must be"),
+        (lambda s: s.update(n_rows=np.array(2011)), "alive must be|entries for"),
+        (lambda s: s.update(n_rows=np.array(2016)), "entries for"),
+        (lambda s: s.update(fps7=s["fps1"]), "must be fps0"),
+        (lambda s: s.update(extra=s["fps1"]), "unknown arrays"),
+        (_unsorted, "not sorted"),
+        (_swapped_rows, "not sorted"),
+        (_bad_dir, "directory does not match"),
+        (lambda s: s.update(dir0=s["dir0"][:-1]), "directory must have"),
+        (lambda s: s.update(dir0=s["dir0"].astype(np.int64)), "directory must be"),
+        (lambda s: s.update(dir1=s["dir0"]), "directory does not match"),
+        (lambda s: s.update(rows1=s["rows1"] + np.uint32(5000)), "row is >= n_rows"),
+    ],
+)
+def test_a_malformed_state_is_refused(damage, message):
+    state = good_state()
+    BlockIndex.from_state(dict(state))  # the undamaged one loads
+    damage(state)
+    with pytest.raises(ValueError, match=message):
+        BlockIndex.from_state(state)
+
+
+def test_hamming_index_matches_leave_the_fingerprint_none():
+    idx = HammingIndex(k=3)
+    idx.add_many(range(2), [0, 1])
+    found = idx.search([0])
+    assert found.fingerprint is None and found.row.tolist() == [0, 1]
