@@ -22,18 +22,37 @@ import resource
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
 
-def run(mode: str, pages: int, url_length: int, batch: int, algorithm: str = "simhash", num_perm: int = 128) -> dict:
+def _rss_anon() -> int:
+    """The process's resident anonymous memory now (RssAnon: its heap and arrays, not mapped files)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def run(
+    mode: str,
+    pages: int,
+    url_length: int,
+    batch: int,
+    algorithm: str = "simhash",
+    num_perm: int = 128,
+    design: str = "4",
+) -> dict:
     from streamdedup.index.bands import BandScheme
     from streamdedup.index.tables import TableDesign
     from streamdedup.pipeline.bands import BandPlan
     from streamdedup.pipeline.shard import Plan, Shard, ShardPlan
 
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    plan: Plan = ShardPlan(TableDesign.named("16"), partitions=1)
+    base_anon = _rss_anon()
+    plan: Plan = ShardPlan(TableDesign.named(design), partitions=1)
     scheme = None
     if algorithm != "simhash":
         scheme = BandScheme.for_threshold(0.8, num_perm, verify=algorithm)
@@ -41,6 +60,7 @@ def run(mode: str, pages: int, url_length: int, batch: int, algorithm: str = "si
     with tempfile.TemporaryDirectory() as tmp:
         shard = Shard(plan, None if mode == "memory" else f"{tmp}/s")
         rng = np.random.default_rng(1)
+        t0 = time.perf_counter()
         pad = "x" * max(0, url_length - 30)
         groups = np.tile(np.arange(plan.n_groups), batch)
         for start in range(0, pages, batch):
@@ -61,10 +81,20 @@ def run(mode: str, pages: int, url_length: int, batch: int, algorithm: str = "si
                 probe_urls,
                 extra=extra,
             )
+        seconds = time.perf_counter() - t0
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        out = {"mode": mode, "pages": pages, "url_length": len(urls[0]), "nbytes_per_page": shard.nbytes / pages}
+        rss = _rss_anon()
+        out = {
+            "design": design if algorithm == "simhash" else "-",
+            "pages_per_s": pages / seconds,
+            "mode": mode,
+            "pages": pages,
+            "url_length": len(urls[0]),
+            "nbytes_per_page": shard.nbytes / pages,
+        }
         out["algorithm"] = algorithm
         out["peak_rss_per_page"] = (peak - base) / pages
+        out["anon_rss_per_page"] = (rss - base_anon) / pages  # at the end: the process's own memory, no page cache
         shard.close()
     return out
 
@@ -76,22 +106,39 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=20_000)
     ap.add_argument("--algorithm", action="append", choices=["simhash", "minhash", "combined"])
     ap.add_argument("--num-perm", type=int, default=128, help="the band modes' permutations (sketch size)")
+    ap.add_argument(
+        "--design",
+        action="append",
+        choices=["16", "20", "10", "4"],
+        help="simhash table designs (default: the worker's)",
+    )
+    ap.add_argument(
+        "--strings", action="append", choices=["memory", "files"], help="where ids and URLs live (default: both)"
+    )
     ap.add_argument("--mode", choices=["memory", "files"], help=argparse.SUPPRESS)  # (one run, in a child)
     a = ap.parse_args()
+    from streamdedup.pipeline.shard import WORKER_DESIGN
+
     algorithms = a.algorithm or ["simhash"]
+    designs = a.design or [WORKER_DESIGN]
     if a.mode:
-        print(json.dumps(run(a.mode, a.pages, a.url_length, a.batch, algorithms[0], a.num_perm)))
+        print(json.dumps(run(a.mode, a.pages, a.url_length, a.batch, algorithms[0], a.num_perm, designs[0])))
         return
-    print(f"{'algorithm':9} {'strings':8} {'pages':>11} {'url':>4} {'Shard.nbytes/page':>18} {'peak RSS/page':>14}")
-    for algorithm in algorithms:
-        for mode in ("memory", "files"):
+    print(
+        f"{'algorithm':9} {'design':6} {'strings':8} {'pages':>11} {'url':>4} {'Shard.nbytes/page':>18} "
+        f"{'peak RSS/page':>14} {'RssAnon/page at end':>20} {'pages/s':>9}"
+    )
+    runs = [(al, d) for al in algorithms for d in (designs if al == "simhash" else [designs[0]])]
+    for algorithm, design in runs:
+        for mode in a.strings or ["memory", "files"]:
             args = [sys.executable, __file__, "--mode", mode, "--pages", str(a.pages)]
             args += ["--url-length", str(a.url_length), "--algorithm", algorithm, "--batch", str(a.batch)]
-            args += ["--num-perm", str(a.num_perm)]
+            args += ["--num-perm", str(a.num_perm), "--design", design]
             r = json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
             print(
-                f"{algorithm:9} {mode:8} {r['pages']:>11,} {r['url_length']:>4} {r['nbytes_per_page']:>16.0f} B "
-                f"{r['peak_rss_per_page']:>12.0f} B"
+                f"{algorithm:9} {r['design']:6} {mode:8} {r['pages']:>11,} {r['url_length']:>4} "
+                f"{r['nbytes_per_page']:>16.0f} B {r['peak_rss_per_page']:>12.0f} B {r['anon_rss_per_page']:>18.0f} B "
+                f"{r['pages_per_s']:>9,.0f}"
             )
 
 

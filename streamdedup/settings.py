@@ -240,7 +240,8 @@ class Settings:
     design: str | None = _f(
         "--design",
         None,
-        "Manku table design for k=3 (number of tables); default 16.",
+        "Manku table design for k=3 (number of tables); default 4 in the worker (one table per shard "
+        "group: ~50 B of RAM a page), 16 in scan.",
         _optional(_choice(DESIGNS)),
         "|".join(DESIGNS),
     )

@@ -56,6 +56,7 @@ from streamdedup.engine.order import group_masks
 from streamdedup.errors import PlanError
 from streamdedup.fingerprinting.features import mix64
 from streamdedup.index.arrays import GrowingArray
+from streamdedup.index.blocks import BlockIndex
 from streamdedup.index.file_array import FileArray
 from streamdedup.index.hamming import HammingIndex
 from streamdedup.index.strings import StringHeap, texts_from_state, texts_state
@@ -63,7 +64,12 @@ from streamdedup.index.tables import TableDesign
 from streamdedup.pipeline.snapshot_file import read_arrays, write_arrays
 from streamdedup.pipeline.wire import ANSWERS, CHECKS, PROBES, Batch, decode, kind_of
 
-__all__ = ["Plan", "Store", "ShardPlan", "Shard", "Answers", "StringHeap", "ShardStep", "shard_step"]
+__all__ = ["WORKER_DESIGN", "Plan", "Store", "ShardPlan", "Shard", "Answers", "StringHeap", "ShardStep", "shard_step"]
+
+#: The worker's table design for k = 3 (``--design``): Manku's 4-table design, one table per
+#: shard group keyed by the group's block (a BlockIndex: 12 bytes an entry, no by-row column).
+#: It holds a page in ~50 bytes where the 16-table design needs ~185; bench/README.md "Index".
+WORKER_DESIGN = "4"
 
 _PARTITION_SEED = np.uint64(0x5EED_5A4D)
 _GROUP_SPREAD = np.uint64(0x9E3779B97F4A7C15)
@@ -503,7 +509,7 @@ class _GroupStore:
     renew = 0
 
     def __init__(self, design: TableDesign, masks: np.ndarray, strings: str | None = None) -> None:
-        self.index = HammingIndex(k=design.k, design=design)
+        self.index = _group_index(design, int(masks[-1]))
         self.mask, self.earlier = masks[-1], masks[:-1]  # this group's bits, those of the groups before it
         # what an answer tells of a row, beside its fingerprint (the index's): in files next to the
         # string file when there is one (read only for the rows a probe finds; module doc)
@@ -511,8 +517,10 @@ class _GroupStore:
         self.id_hash: Column = _column(np.uint64, strings, ".idhash")
         self.texts = StringHeap(strings)  # id of row r at 2r ("" when it is the url), its url at 2r + 1
 
-    def _new_index(self) -> HammingIndex:
-        """An empty index of this store's kind."""
+    def _new_index(self) -> GroupIndex:
+        """An empty index of this store's kind (for a batch's own pages: merged inline)."""
+        if isinstance(self.index, BlockIndex):
+            return BlockIndex(self.index.mask, self.index.k, background=False)
         return HammingIndex(k=self.index.k, design=self.index.design)
 
     def close(self) -> None:
@@ -630,7 +638,10 @@ class _GroupStore:
     def from_state(cls, state: dict[str, np.ndarray], masks: np.ndarray, strings: str | None = None) -> _GroupStore:
         store = cls.__new__(cls)
         store.mask, store.earlier = masks[-1], masks[:-1]
-        store.index = HammingIndex.from_state({k[6:]: v for k, v in state.items() if k.startswith("index.")})
+        index_state = {k[6:]: v for k, v in state.items() if k.startswith("index.")}
+        store.index = (
+            BlockIndex.from_state(index_state) if "mask" in index_state else HammingIndex.from_state(index_state)
+        )
         # taken over, not copied: a snapshot's arrays are read fresh (snapshot_file)
         rows = len(store.index.alive_rows())
         store.texts = texts_from_state(state, strings)
@@ -668,12 +679,27 @@ class _GroupStore:
 
 
 Column = GrowingArray | FileArray
+GroupIndex = HammingIndex | BlockIndex
 
 
-def _matched_fps(index: HammingIndex, found) -> np.ndarray:
+def _group_index(design: TableDesign, mask: int) -> GroupIndex:
+    """A group's index: one table keyed by the group's whole block (Manku's 4-table design) is
+    a :class:`BlockIndex` (12 bytes an entry, buckets scanned by popcount); a group of several
+    tables (the 16-table design), or keyed by bits a BlockIndex does not take (the 10- and
+    20-table designs: two blocks, 33 bits), a :class:`HammingIndex` over them."""
+    bits = tuple(i for i in range(64) if mask >> i & 1)
+    contiguous = bool(bits) and bits[-1] - bits[0] + 1 == len(bits) and 8 <= len(bits) <= 32
+    if design.n_tables == 1 and tuple(design.keys[0]) == bits and contiguous:
+        return BlockIndex(mask, k=design.k)
+    return HammingIndex(k=design.k, design=design)
+
+
+def _matched_fps(index: GroupIndex, found) -> np.ndarray:
     """The stored fingerprints of ``found``'s rows: given with the matches, or read by row."""
-    given = getattr(found, "fingerprint", None)
-    return given if given is not None else index.fingerprints()[found.row]
+    if found.fingerprint is not None:
+        return found.fingerprint
+    assert isinstance(index, HammingIndex)
+    return index.fingerprints()[found.row]
 
 
 def _column(dtype: type, strings: str | None, suffix: str) -> Column:

@@ -35,7 +35,7 @@ from streamdedup.pipeline.intake import Intake, Record, fingerprint_contents, pa
 from streamdedup.pipeline.offsets import Delivery
 from streamdedup.pipeline.pending import Pending, Waiting
 from streamdedup.pipeline.routing import Topics, match_distance
-from streamdedup.pipeline.shard import Plan, ShardPlan, shard_step
+from streamdedup.pipeline.shard import WORKER_DESIGN, Plan, ShardPlan, shard_step
 from streamdedup.pipeline.wire import ANSWERS, CHANGELOG, CHECKS, PROBES, Batch, decode, encode, kind_of
 from streamdedup.settings import Settings
 from streamdedup.stream.check import Checker
@@ -83,7 +83,10 @@ def internal_topics(settings: Settings) -> dict[str, str]:
 
 
 def table_design(settings: Settings):
-    return HammingIndex(k=settings.k, design=settings.design).design
+    """The worker's table design: ``--design``, else :data:`WORKER_DESIGN` for k = 3 (other k:
+    the index's two-level default)."""
+    design = settings.design or (WORKER_DESIGN if settings.k == 3 else None)
+    return HammingIndex(k=settings.k, design=design).design
 
 
 def band_scheme(settings: Settings) -> BandScheme | None:
