@@ -27,7 +27,7 @@ from streamdedup.settings import Settings
 R = 100_000  # the retention in these tests, ms
 STEP = R // 64  # the cutoff's rounding
 T0 = 10_000_000
-PLAN = ShardPlan(TableDesign.named("16"), partitions=2)
+PLAN = ShardPlan(TableDesign.named("4"), partitions=2)  # the worker's design
 
 
 def hid(page_id: str) -> int:

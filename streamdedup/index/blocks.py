@@ -211,6 +211,15 @@ class BlockIndex:
         """The alive mask by row (bool, a fresh array)."""
         return np.unpackbits(self._alive, count=self._n, bitorder="little").view(bool)
 
+    def fingerprints(self) -> np.ndarray:
+        """The fingerprint of every row, by row (a fresh array, built from the runs: O(n); for
+        inspection and tests, the index itself keeps no such column)."""
+        self.wait()
+        out = np.zeros(self._n, dtype=_U64)
+        for run in self._runs:
+            out[run.rows] = run.fps
+        return out
+
     def keep_rows(self, rows: np.ndarray | Iterable[int]) -> None:
         """Keep only ``rows`` (ascending), renumbered 0..len-1 in their order, in arrays of their
         size: the memory of the others is returned.  Waits for a merge under way."""
