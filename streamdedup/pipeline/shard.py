@@ -11,10 +11,14 @@ value of that group's bits, meets every near neighbour in some shard::
     shard (partition p): for each group, the group's tables only   insert, then search
     answers (one per group) --> best of them --> the page's verdict
 
-A shard keeps one :class:`~streamdedup.index.hamming.HammingIndex` per group, over the group's
-tables, plus what an answer must tell about a stored page: its fingerprint, its fetch time
-(carried, not used for order), a hash of its id, and its id and URL (in a byte heap, not one
-Python object per page).  A group's rows are numbered in store order.
+A shard keeps an index per group: with the worker's 4-table design one
+:class:`~streamdedup.index.blocks.BlockIndex` keyed by the group's block (12 bytes an entry),
+with the 16-table design a :class:`~streamdedup.index.hamming.HammingIndex` over the group's
+four tables.  What an answer must tell about a stored page besides its fingerprint (its fetch
+time, carried, not used for order; a hash of its id; its id and URL) is kept in columns and a
+string heap, in files next to the snapshot when ``strings`` is given (read only for the rows a
+probe finds; :class:`~streamdedup.index.file_array.FileArray`), else in memory.  A group's rows
+are numbered in store order.
 
 The rule (:mod:`streamdedup.engine.order`, the same in ``scan``): a page's answer in group g
 is the nearest, then first stored, page that (1) was stored in g's store before the page's
