@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from streamdedup.index.tables import TableDesign
-from streamdedup.pipeline.shard import Shard, ShardPlan
+from streamdedup.pipeline.shard import WORKER_DESIGN, Shard, ShardPlan
 from streamdedup.pipeline.wire import CHANGELOG, Batch, decode, encode
 
 
@@ -57,9 +57,10 @@ def main() -> None:
     p.add_argument(
         "--strings", choices=["files", "memory"], default="files", help="ids and URLs in string files (the worker's)"
     )
+    p.add_argument("--design", default=WORKER_DESIGN, choices=["16", "20", "10", "4"], help="the table design")
     args = p.parse_args()
     log = make_log(args.pages, 0, args.rows_per_record)
-    plan = ShardPlan(TableDesign.named("16"), 1)
+    plan = ShardPlan(TableDesign.named(args.design), 1)
     rates = []
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory() as tmp:
