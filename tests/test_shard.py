@@ -348,7 +348,6 @@ def test_a_write_that_fails_after_the_strings_leaves_the_shard_as_it_was(tmp_pat
     """The strings reach their file, then a later column's write fails: every file of the
     batch is cut back, so the rows stay aligned with their strings."""
     import errno
-    import os
 
     from streamdedup.index import file_array
 

@@ -225,3 +225,35 @@ def test_a_snapshot_of_another_plan_is_discarded_not_fatal(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         assert load_snapshot(path, ShardPlan(TableDesign.named("16"), 3), "app-shards-changelog", None) is None
     assert "another shard plan" in caplog.text
+
+
+def test_a_snapshot_of_the_16_table_design_is_rebuilt_by_a_worker_of_the_4_table_design(tmp_path, caplog):
+    """An upgrade to the worker's default design: the old snapshot is set aside, and the same
+    changelog rows restore a shard of the new design that answers as the old one did."""
+    old, new = ShardPlan(TableDesign.named("16"), 2), ShardPlan(TableDesign.named("4"), 2)
+    rng = np.random.default_rng(5)
+    fps = rng.integers(0, 2**64 - 1, size=300, dtype=np.uint64, endpoint=True)
+    ids = [f"http://x.test/{i}" for i in range(300)]
+    rows = Batch.build(
+        group=np.arange(300) % 4, fps=fps, fetched=np.arange(300), id_hash=fps ^ np.uint64(1), ids=ids, urls=ids
+    )
+    shards = {}
+    for plan in (old, new):
+        shard = Shard(plan)
+        shard.restore(rows)
+        shards[plan.design.n_tables] = shard
+    path = tmp_path / "s.shard"
+    shards[16].save(path, snapshot_meta(7, "app-shards-changelog"))
+    with caplog.at_level("WARNING"):
+        assert load_snapshot(path, new, "app-shards-changelog", None) is None
+    assert "another shard plan" in caplog.text
+    # each stored page's neighbour at 2 bits (in block 0), probed in the stored page's group: found
+    # where that group is the pair's canonical one (block 1: the lowest block they agree on)
+    probes = fps ^ np.uint64(0b101)
+    answers = [
+        s.probe_and_insert(np.arange(300) % 4, probes, np.arange(300), probes, ids, ids, store=False)
+        for s in (shards[16], shards[4])
+    ]
+    group = np.arange(300) % 4
+    assert answers[0].distance.tolist() == np.where(group == 1, 2, -1).tolist()
+    assert answers[0].distance.tolist() == answers[1].distance.tolist() and answers[0].ids == answers[1].ids
