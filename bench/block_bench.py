@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from streamdedup.index.blocks import BlockIndex
+from streamdedup.index.blocks import BlockIndex, warm_up
 from streamdedup.index.hamming import HammingIndex
 from streamdedup.index.tables import TableDesign
 
@@ -39,15 +39,6 @@ def make_groups(design: str, background: bool) -> list:
         return [BlockIndex(mask, k=3, background=background) for mask in MASKS]
     whole = TableDesign.named("16")
     return [HammingIndex(k=3, design=whole.restricted(tables)) for _, tables in whole.groups()]
-
-
-def warm_up() -> None:
-    """Compile (or load from numba's cache) every block kernel before anything is timed."""
-    idx = BlockIndex(0xFFFF, background=False)
-    fps = np.arange(1 << 16, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-    idx.add_many(range(len(fps)), fps)
-    idx.add_many(range(len(fps), 2 * len(fps)), fps)  # a merge that builds a directory
-    idx.search(fps[:10])
 
 
 def queries_for(fps: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:

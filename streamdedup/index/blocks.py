@@ -34,6 +34,7 @@ call once it is done.  ``remove_rows`` only clears alive bits; ``keep_rows`` com
 from __future__ import annotations
 
 import importlib
+import os
 import threading
 from collections.abc import Iterable
 from types import ModuleType
@@ -43,12 +44,14 @@ import numpy as np
 from streamdedup.fingerprinting import kernels
 from streamdedup.index.hamming import Matches, _as_fps
 
-__all__ = ["BlockIndex"]
+__all__ = ["BlockIndex", "warm_up"]
 
 _U64 = np.uint64
 _NO_DIR = np.empty(0, dtype=np.uint32)
 #: Rows are uint32; the top value is kept free (keep_rows' "dropped" mark).
 _MAX_ROWS = 2**32 - 1
+#: The niceness of a background merge's thread (its increase over the process's).
+MERGE_NICENESS = 10
 #: Entries per chunk in the numpy passes over whole runs (bounds their temporaries).
 _CHUNK = 1 << 22
 
@@ -66,6 +69,21 @@ def _kernel_module(compiled: bool | None) -> ModuleType | None:
     if compiled and module is None:
         raise RuntimeError("the compiled block kernels need numba (pip install numba)")
     return module
+
+
+def warm_up() -> bool:
+    """Compile (or load from numba's cache) every block kernel now, not in the first batch that
+    needs one; False when the numpy path is in use."""
+    if _kernel_module(None) is None:
+        return False
+    idx = BlockIndex(0xFFFF, background=False)
+    idx.DIRECTORY_MIN = 16  # a merge that builds a directory, and a binary-searched run
+    fps = np.arange(64, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    idx.add_many(range(64), fps)
+    idx.add_many(range(64, 128), fps)
+    idx.add_many(range(128, 130), fps[:2])
+    idx.search(fps)
+    return True
 
 
 class _Run:
@@ -99,6 +117,13 @@ class _Merge:
 
     def _run(self, work) -> None:
         try:
+            # below the caller's priority: on a busy machine the merge waits, not the event loop
+            # (on Linux a thread is a task of its own; raising one's niceness needs no rights)
+            me = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + MERGE_NICENESS))
+        except (AttributeError, OSError):  # not Linux/POSIX: the merge runs at the same priority
+            pass
+        try:
             self.result = work(self.old, self.new)
         except BaseException as e:  # re-raised on the caller's thread by BlockIndex._poll
             self.error = e
@@ -120,7 +145,7 @@ class BlockIndex:
     #: per query; merging them is cheap).
     SMALL_RUN = 1 << 14
     #: Merges writing at least this many entries run in a thread (when ``background``).
-    BACKGROUND_MIN = 1 << 20
+    BACKGROUND_MIN = 1 << 18
     #: Runs of at least this many entries get a bucket directory; smaller ones are binary-searched.
     DIRECTORY_MIN = 1 << 15
     #: Entries per directory bucket at least (so a directory costs <= 4/PER_BUCKET bytes an entry).
