@@ -41,6 +41,40 @@ def make_groups(design: str, background: bool) -> list:
     return [HammingIndex(k=3, design=whole.restricted(tables)) for _, tables in whole.groups()]
 
 
+def read_bound(groups: list, queries: np.ndarray, qbatch: int) -> dict:
+    """The memory bound of a search: the time to merely read (XOR together) the buckets the
+    queries land in, in every run of every group, with no popcount and no output.  A search
+    cannot be faster than this; ``query_per_s`` against ``read_bound_query_per_s`` says how much
+    of a search is the kernel's own work."""
+    from numba import njit  # (bench only: numba is a dependency of the package)
+
+    @njit(nogil=True, cache=True)
+    def read_buckets(fps, directory, shift, kmask, dir_shift, queries):
+        acc = np.uint64(0)
+        total = 0
+        for q in queries:
+            b = ((q >> shift) & kmask) >> dir_shift
+            for j in range(directory[b], directory[b + np.uint64(1)]):
+                acc ^= fps[j]
+            total += directory[b + np.uint64(1)] - directory[b]
+        return acc, total
+
+    runs = [(g, run) for g in groups for run in g._runs if run.directory is not None]
+    read_buckets(runs[0][1].fps, runs[0][1].directory, runs[0][0]._shift, runs[0][0]._kmask, np.uint64(0), queries[:2])
+    entries = 0
+    t = time.perf_counter()
+    for s in range(0, len(queries), qbatch):
+        for g, run in runs:
+            batch = queries[s : s + qbatch]
+            entries += read_buckets(run.fps, run.directory, g._shift, g._kmask, np.uint64(run.dir_shift), batch)[1]
+    dt = time.perf_counter() - t
+    return {
+        "read_bound_query_per_s": len(queries) / dt,
+        "read_bound_gb_per_s": entries * 8 / dt / 1e9,
+        "entries_read_per_query": entries / len(queries),
+    }
+
+
 def queries_for(fps: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
     """Half stored pages with 1..3 random bits flipped (thirds), half random, shuffled."""
     near = fps[rng.integers(0, len(fps), size=count // 2)]
@@ -88,6 +122,7 @@ def one_run(design: str, pages: int, batch: int, qbatch: int, probe_every: int, 
         for g in groups:
             found += len(g.search(queries[s : s + qbatch]).query)
     query_s = time.perf_counter() - t
+    bound = read_bound(groups, queries, qbatch) if design == "block" else {}
     return {
         "design": design,
         "pages": pages,
@@ -98,6 +133,7 @@ def one_run(design: str, pages: int, batch: int, qbatch: int, probe_every: int, 
         "settle_s": settle_s,
         "query_per_s": len(queries) / query_s,
         "matches_per_query": found / len(queries),
+        **bound,
         "worst_add_ms": worst_add * 1e3,
         "worst_search_ms": worst_search * 1e3,
         "probe_batches": probes,

@@ -57,6 +57,12 @@ def _popcount(x):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _distance(x, kbits):
+    """Bits set in ``x`` (a fingerprint XOR the query), plus 64 when its key bits ``kbits`` differ."""
+    return _popcount(x) + (np.uint64(64) if x & kbits else np.uint64(0))
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _first_key_at_least(fps, lo, hi, key, shift, kmask):
     """First position in [lo, hi) whose key is >= key (the keys are sorted)."""
     while lo < hi:
@@ -81,68 +87,54 @@ def scan_run(fps, rows, directory, dir_shift, shift, kmask, queries, alive, k):
     out_d = np.empty(cap, dtype=np.int64)
     n = 0
     kk = np.uint64(k)
-    # every query's key range first, so that each scan can prefetch the bucket AHEAD queries on
+    # a directory whose buckets hold several keys is not narrowed by binary searches (two
+    # chains of dependent loads): its few extra entries fail the key check in the scan instead
+    kbits = kmask << shift if len(directory) and dir_shift != 0 else np.uint64(0)
+    # every query's range first, so that each scan can prefetch the bucket AHEAD queries on
     los = np.empty(n_q, dtype=np.int64)
     his = np.empty(n_q, dtype=np.int64)
     for i in range(n_q):
         key = (queries[i] >> shift) & kmask
         if len(directory):
             b = key >> dir_shift
-            lo = np.int64(directory[b])
-            hi = np.int64(directory[b + np.uint64(1)])
+            los[i] = directory[b]
+            his[i] = directory[b + np.uint64(1)]
         else:
-            lo = np.int64(0)
-            hi = np.int64(len(fps))
-        if dir_shift != 0 or not len(directory):  # a bucket may hold several keys: narrow it
-            lo = _first_key_at_least(fps, lo, hi, key, shift, kmask)
-            hi = _first_key_at_least(fps, lo, hi, key + np.uint64(1), shift, kmask)
-        los[i] = lo
-        his[i] = hi
+            lo = _first_key_at_least(fps, np.int64(0), np.int64(len(fps)), key, shift, kmask)
+            los[i] = lo
+            his[i] = _first_key_at_least(fps, lo, np.int64(len(fps)), key + np.uint64(1), shift, kmask)
     for i in range(n_q):
         q = queries[i]
-        lo = los[i]
         hi = his[i]
         if i + AHEAD < n_q:
             for t in range(los[i + AHEAD], his[i + AHEAD], 8):
                 _prefetch(fps, t)  # type: ignore[call-arg]  # (an intrinsic: numba passes the typing context)
-        j = lo
-        # eight at a time with no branch inside (vectorised popcounts), then look closer only
-        # at the rare block of eight holding a hit
-        while j + 8 <= hi:
-            least = _popcount(fps[j] ^ q)
-            for t in range(1, 8):
-                least = min(least, _popcount(fps[j + t] ^ q))
-            if least <= kk:
-                for t in range(8):
-                    d = _popcount(fps[j + t] ^ q)
-                    if d <= kk:
-                        r = rows[j + t]
-                        if (alive[r >> 3] >> (r & 7)) & 1:
-                            if n == cap:
-                                cap *= 2
-                                out_q = _grown(out_q, cap)
-                                out_p = _grown(out_p, cap)
-                                out_d = _grown(out_d, cap)
-                            out_q[n] = i
-                            out_p[n] = j + t
-                            out_d[n] = d
-                            n += 1
-            j += 8
+        j = los[i]
         while j < hi:
-            d = _popcount(fps[j] ^ q)
-            if d <= kk:
-                r = rows[j]
-                if (alive[r >> 3] >> (r & 7)) & 1:
-                    if n == cap:
-                        cap *= 2
-                        out_q = _grown(out_q, cap)
-                        out_p = _grown(out_p, cap)
-                        out_d = _grown(out_d, cap)
-                    out_q[n] = i
-                    out_p[n] = j
-                    out_d[n] = d
-                    n += 1
-            j += 1
+            end = min(j + 8, hi)
+            if end - j == 8:
+                # eight with no branch inside (vectorised popcounts): most blocks stop here
+                least = _distance(fps[j] ^ q, kbits)
+                for t in range(j + 1, end):
+                    least = min(least, _distance(fps[t] ^ q, kbits))
+                if least > kk:
+                    j = end
+                    continue
+            for t in range(j, end):
+                d = _distance(fps[t] ^ q, kbits)
+                if d <= kk:
+                    r = rows[t]
+                    if (alive[r >> 3] >> (r & 7)) & 1:
+                        if n == cap:
+                            cap *= 2
+                            out_q = _grown(out_q, cap)
+                            out_p = _grown(out_p, cap)
+                            out_d = _grown(out_d, cap)
+                        out_q[n] = i
+                        out_p[n] = t
+                        out_d[n] = d
+                        n += 1
+            j = end
     return out_q[:n], out_p[:n], out_d[:n]
 
 

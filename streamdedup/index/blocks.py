@@ -147,7 +147,7 @@ class BlockIndex:
     #: Merges writing at least this many entries run in a thread (when ``background``).
     BACKGROUND_MIN = 1 << 18
     #: Runs of at least this many entries get a bucket directory; smaller ones are binary-searched.
-    DIRECTORY_MIN = 1 << 15
+    DIRECTORY_MIN = 1 << 12
     #: Entries per directory bucket at least (so a directory costs <= 4/PER_BUCKET bytes an entry).
     PER_BUCKET = 8
 
