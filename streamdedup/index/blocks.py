@@ -20,9 +20,15 @@ reports the fingerprint it found (``Matches.fingerprint``).
 Inserts are log-structured, as in :mod:`streamdedup.index.hamming`: a batch becomes a small
 sorted run and a run is merged into the one before it while it is at least a quarter of its size,
 by a linear merge into arrays of the exact size.  A merge that writes at least
-``BACKGROUND_MIN`` entries runs in a thread (the numba kernel releases the GIL) while searches
-and inserts use the old runs and newer ones; the merged run replaces its two inputs at the next
-call once it is done.  ``remove_rows`` only clears alive bits; ``keep_rows`` compacts.
+``BACKGROUND_MIN`` entries runs in a thread (the numba kernel releases the GIL), one at a time,
+at a lower priority than the caller (``MERGE_NICENESS``), while searches and inserts use the
+old runs and newer ones; the merged run replaces its two inputs at the next call once it is
+done (:meth:`BlockIndex.wait` joins it).  ``remove_rows`` only clears alive bits;
+``keep_rows`` compacts.
+
+A search finds each query's bucket in every run: through the run's directory (a bucket that
+holds several keys is scanned with a key check), or by binary search in a small run; then it
+scans the bucket eight fingerprints at a time, with the next buckets prefetched.
 
 >>> idx = BlockIndex(0xFFFF_0000, k=3)
 >>> idx.add_many(range(3), [0x1_0000, 0x1_0007, 0x2_0000])
