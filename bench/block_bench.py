@@ -24,6 +24,7 @@ import platform
 import resource
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -87,7 +88,9 @@ def queries_for(fps: np.ndarray, count: int, rng: np.random.Generator) -> np.nda
     return out
 
 
-def one_run(design: str, pages: int, batch: int, qbatch: int, probe_every: int, background: bool, seed: int) -> dict:
+def one_run(
+    design: str, pages: int, batch: int, qbatch: int, probe_every: int, background: bool, seed: int, threads: int = 1
+) -> dict:
     rng = np.random.default_rng(seed)
     fps = rng.integers(0, 2**64 - 1, size=pages, dtype=np.uint64, endpoint=True)
     groups = make_groups(design, background)
@@ -117,11 +120,17 @@ def one_run(design: str, pages: int, batch: int, qbatch: int, probe_every: int, 
 
     queries = queries_for(fps, 100 * qbatch, rng)
     found = 0
+    pool = ThreadPoolExecutor(threads) if threads > 1 else None
     t = time.perf_counter()
     for s in range(0, len(queries), qbatch):
-        for g in groups:
-            found += len(g.search(queries[s : s + qbatch]).query)
+        batch_q = queries[s : s + qbatch]
+        if pool is None:
+            found += sum(len(g.search(batch_q).query) for g in groups)
+        else:  # the 4 groups searched at once (the block kernel releases the GIL)
+            found += sum(len(m.query) for m in pool.map(lambda g: g.search(batch_q), groups))  # noqa: B023
     query_s = time.perf_counter() - t
+    if pool is not None:
+        pool.shutdown()
     bound = read_bound(groups, queries, qbatch) if design == "block" else {}
     return {
         "design": design,
@@ -132,6 +141,7 @@ def one_run(design: str, pages: int, batch: int, qbatch: int, probe_every: int, 
         "insert_pages_per_s": pages / add_s,
         "settle_s": settle_s,
         "query_per_s": len(queries) / query_s,
+        "query_threads": threads,
         "matches_per_query": found / len(queries),
         **bound,
         "worst_add_ms": worst_add * 1e3,
@@ -152,6 +162,7 @@ def main() -> None:
     p.add_argument("--design", default="both", choices=["block", "hamming16", "both"])
     p.add_argument("--inline", action="store_true", help="BlockIndex merges on the caller's thread")
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1, help="threads searching the 4 groups of a query batch")
     args = p.parse_args()
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, numpy {np.__version__}")
     warm_up()
@@ -159,7 +170,9 @@ def main() -> None:
     results: dict[str, list[dict]] = {d: [] for d in designs}
     for r in range(args.runs):
         for design in designs:  # interleaved, so a change in the machine's load hits both
-            res = one_run(design, args.pages, args.batch, args.query_batch, args.probe_every, not args.inline, seed=r)
+            res = one_run(
+                design, args.pages, args.batch, args.query_batch, args.probe_every, not args.inline, r, args.threads
+            )
             print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in res.items()}), flush=True)
             results[design].append(res)
     for design, runs in results.items():
