@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamdedup.index import block_kernels
-from streamdedup.index.blocks import BlockIndex
+from streamdedup.index.blocks import BlockIndex, warm_up
 from streamdedup.index.hamming import HammingIndex
 from streamdedup.pipeline.snapshot_file import read_arrays, write_arrays
 
@@ -209,14 +209,18 @@ def test_numba_and_numpy_paths_bit_for_bit(mask):
 
 def test_the_block_kernels_are_compiled_here():
     assert BlockIndex(0xFFFF)._fast() is block_kernels  # numba is a dependency here
+    assert warm_up()
+    assert BlockIndex(0xFFFF, compiled=False)._fast() is None
 
 
 _NO_NUMBA = """
 import json, sys
 sys.modules["numba"] = None  # as if numba were not installed
 import numpy as np
-from streamdedup.index.blocks import BlockIndex
+from streamdedup.index.blocks import BlockIndex, warm_up
 fps, queries = (np.array(x, dtype=np.uint64) for x in json.loads(sys.stdin.read()))
+from streamdedup.index.blocks import warm_up
+assert not warm_up()
 idx = BlockIndex(0xFFFF << 48)
 assert idx._fast() is None
 idx.DIRECTORY_MIN, idx.SMALL_RUN, idx.BACKGROUND_MIN = 64, 16, 256
