@@ -24,6 +24,7 @@ $(STAMPS)/python: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
 	$(PY) -m streamdedup.fingerprinting.warmup  # compile the numba kernels into their on-disk cache once
+	$(PY) -m streamdedup.index.warmup  # and the shard index's
 	@touch $@
 
 # kcat (a Kafka client we did not write) and prometheus, from Debian

@@ -166,6 +166,10 @@ def run_worker(settings: Settings) -> None:
     if created:
         log.info("created topics: %s", ", ".join(created))
     worker = Dedup(settings)
+    if settings.algorithm == "simhash":
+        from streamdedup.index.blocks import warm_up
+
+        warm_up()  # the shard's numba kernels now (or from numba's cache), not in the first probe batch
 
     class Worker(faust.Worker):  # (named so: its log lines read "[^Worker]: Ready")
         def _schedule_shutdown(self, signal: Any) -> None:
