@@ -303,6 +303,22 @@ class Settings:
         _float(0, None, "use e.g. 300 seconds"),
         "SECONDS",
     )
+    bulk_replay_min_records: int = _f(
+        "--bulk-replay-min-records",
+        1000,
+        "A shard's changelog tail of at least this many records is replayed by the worker's own bulk "
+        "reader before faust's recovery, which replays a shorter one, and whatever the bulk read left (0: always).",
+        _int(0, None, "use e.g. 1000"),
+        "INT",
+    )
+    bulk_replay_timeout: float = _f(
+        "--bulk-replay-timeout",
+        5.0,
+        "Seconds the bulk changelog replay of one assignment may take; faust's recovery replays the rest. "
+        "The worker sends the group no heartbeat meanwhile, so keep it below --session-timeout.",
+        _float(0, None, "use e.g. 5 seconds, at most about half of --session-timeout"),
+        "SECONDS",
+    )
     stop_timeout: float = _f(
         "--stop-timeout",
         25.0,
@@ -404,6 +420,12 @@ class Settings:
     def _check_combinations(self) -> None:
         if self.design is not None and self.k != 3:
             raise _error("design", f"named designs are for k=3, not k={self.k}; drop --design or use --k 3")
+        if self.bulk_replay_timeout >= self.session_timeout:
+            raise _error(
+                "bulk_replay_timeout",
+                f"{self.bulk_replay_timeout:g} s is not below --session-timeout ({self.session_timeout} s): the group "
+                "would drop the worker while it replays; use at most about half of the session timeout",
+            )
         seen: dict[str, str] = {}
         for name in TOPIC_FIELDS:
             # Kafka refuses topics that differ only in '.' vs '_' (their metric names collide).

@@ -39,13 +39,13 @@ from streamdedup.pipeline.shard import Plan, ShardPlan, shard_step
 from streamdedup.pipeline.wire import ANSWERS, CHANGELOG, CHECKS, PROBES, Batch, decode, encode, kind_of
 from streamdedup.settings import Settings
 from streamdedup.stream.check import Checker
-from streamdedup.stream.connection import end_offsets, faust_broker_url, faust_credentials
+from streamdedup.stream.connection import end_offsets, faust_broker_url, faust_credentials, read_ranges
 from streamdedup.stream.gauges import Gauges
 from streamdedup.stream.logs import install as rate_limit_client_logs
 from streamdedup.stream.metrics import Metrics, setup_faust_sensor
 from streamdedup.stream.outbox import Outbox, latency_seconds
 from streamdedup.stream.pool import fingerprint_pool
-from streamdedup.stream.store import SCHEME, ShardStore
+from streamdedup.stream.store import SCHEME, BulkReplay, ShardStore
 
 __all__ = ["Worker", "internal_topics", "table_design"]
 
@@ -72,7 +72,8 @@ FAILED = -2  # an answer row's distance when its shard gave up on the probe (the
 #: ``stop`` makes a stop (SIGTERM) hang, for the stop deadline; ``check:id=<text>`` makes a POST
 #: /check whose body contains text answer CHECK_FAULT_DELAY seconds late (in progress all along,
 #: so it counts against the checks limit); ``skip:<partition>:<offset>[,...]``
-#: drops those pages records the first time the consumer delivers them, as faust can (docs/faust-notes.md §10)
+#: drops those pages records the first time the consumer delivers them, as faust can (docs/faust-notes.md §10);
+#: ``bulk_replay:<n>`` makes the bulk changelog replay fail after each of its first n restored runs
 FAULT_ENV = "TEST_STREAMDEDUP_FAULT"  # (not STREAMDEDUP_*: settings refuse unknown ones)
 CHECK_FAULT_DELAY = 2.0
 
@@ -166,6 +167,12 @@ class Worker:
             self._on_recovered,
             end_offsets=functools.partial(end_offsets, s),
             retention=1000 * s.retention,
+            bulk=BulkReplay(
+                functools.partial(read_ranges, s),
+                s.bulk_replay_min_records,
+                s.bulk_replay_timeout,
+                functools.partial(self.faults.check, "bulk_replay", []) if self.faults else None,
+            ),
         )
         app = faust.App(
             s.app_id,
