@@ -431,9 +431,10 @@ class ShardStore(base.Store):
             await reader.aclose()
         seconds = time.perf_counter() - t0
         log.info(
-            "bulk replay of %s: %d records, %d rows in %.2fs (%.0f rows/s); partitions read to their end %s, "
-            "offsets now %s",
+            "bulk replay of %s from offsets %s: %d records, %d rows in %.2fs (%.0f rows/s); partitions read to "
+            "their end %s, offsets now %s",
             topic,
+            {p: start for p, (start, _) in sorted(ranges.items())},
             records,
             rows,
             seconds,
