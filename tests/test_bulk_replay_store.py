@@ -18,6 +18,7 @@ import pytest
 from faust.types import TP
 from prometheus_client import CollectorRegistry
 
+from streamdedup.errors import SettingsError
 from streamdedup.pipeline.wire import CHANGELOG, Batch, encode
 from streamdedup.settings import Settings
 from streamdedup.stream.app import Worker
@@ -165,3 +166,9 @@ def test_a_changelog_of_another_scheme_stops_the_worker_in_the_bulk_path_too(wor
     asyncio.run(scenario())
     assert len(crashes) == 1 and "holds fingerprints of scheme 1" in str(crashes[0])
     assert worker.store.offsets.get(0) is None  # nothing claimed
+
+
+def test_the_bulk_replay_timeout_must_stay_below_the_session_timeout():
+    assert Settings(bulk_replay_timeout=9.5, session_timeout=10).bulk_replay_timeout == 9.5
+    with pytest.raises(SettingsError, match="--bulk-replay-timeout.*not below --session-timeout"):
+        Settings(bulk_replay_timeout=10, session_timeout=10)
