@@ -9,7 +9,8 @@ and that a changelog of another scheme stops the worker as faust's path does.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import asynccontextmanager
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,7 +19,6 @@ import pytest
 from faust.types import TP
 from prometheus_client import CollectorRegistry
 
-from streamdedup.errors import SettingsError
 from streamdedup.pipeline.wire import CHANGELOG, Batch, encode
 from streamdedup.settings import Settings
 from streamdedup.stream.app import Worker
@@ -168,7 +168,21 @@ def test_a_changelog_of_another_scheme_stops_the_worker_in_the_bulk_path_too(wor
     assert worker.store.offsets.get(0) is None  # nothing claimed
 
 
-def test_the_bulk_replay_timeout_must_stay_below_the_session_timeout():
-    assert Settings(bulk_replay_timeout=9.5, session_timeout=10).bulk_replay_timeout == 9.5
-    with pytest.raises(SettingsError, match="--bulk-replay-timeout.*not below --session-timeout"):
-        Settings(bulk_replay_timeout=10, session_timeout=10)
+def test_the_bulk_read_stops_when_the_group_asks_the_member_to_rejoin(worker, changelog, monkeypatch):
+    rejoin = asyncio.Event()
+
+    @asynccontextmanager
+    async def keepalive(app: Any) -> AsyncIterator[asyncio.Event]:
+        yield rejoin
+
+    async def another_member_joins() -> None:  # (the heartbeats' answer, after the first run)
+        rejoin.set()
+
+    bulk = BulkReplay(changelog.read, min_records=0, keepalive=keepalive, check=another_member_joins)
+    monkeypatch.setattr(ShardStore, "bulk", bulk)
+    changelog.write(0, list(range(10)), end=10)
+    asyncio.run(_assign(worker, monkeypatch, {0}))
+    store, topic = worker.store, worker.store._changelog()
+    assert store.persisted_offset(TP(topic, 0)) == 2 and len(store.shards[0]) == 3 * 5  # one run of 3
+    _faust_recovery(store, changelog)
+    assert len(store.shards[0]) == 50

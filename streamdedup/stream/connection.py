@@ -7,16 +7,35 @@ shell) import nothing from faust.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import faust
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka import errors as Errors
+from aiokafka.client import AIOKafkaClient, ConnectionGroup
+from aiokafka.protocol.group import HeartbeatRequest
 from faust.types.auth import SASLMechanism
 
 from streamdedup.settings import Settings
 
-__all__ = ["faust_broker_url", "faust_credentials", "end_offsets", "read_ranges"]
+__all__ = [
+    "faust_broker_url",
+    "faust_credentials",
+    "end_offsets",
+    "read_ranges",
+    "Member",
+    "faust_member",
+    "heartbeats",
+    "member_heartbeats",
+]
+
+log = logging.getLogger(__name__)
 
 
 def faust_broker_url(settings: Settings) -> str:
@@ -122,3 +141,81 @@ async def read_ranges(
             consumer.pause(*[tp for tp in consumer.assignment() if tp not in todo])
     finally:
         await consumer.stop()
+
+
+@dataclass(frozen=True)
+class Member:
+    """A consumer group member: what a heartbeat names."""
+
+    group: str
+    coordinator: int  # the group coordinator's broker node id
+    generation: int
+    member_id: str
+
+
+def faust_member(app: Any) -> Member | None:
+    """The group membership of faust's consumer (None if it has none yet).
+
+    Read from faust's aiokafka consumer in its thread (private attributes of faust 0.15 and
+    aiokafka 0.14), from the event loop's thread while that consumer waits for a rebalance
+    callback to return: nothing changes them meanwhile."""
+    try:
+        coordinator = app.consumer._thread._consumer._coordinator
+        group, node, generation, member_id = (
+            coordinator.group_id,
+            coordinator.coordinator_id,
+            coordinator.generation,
+            coordinator.member_id,
+        )
+    except AttributeError:
+        return None
+    if node is None or generation < 0 or not member_id:
+        return None
+    return Member(group, int(node), int(generation), str(member_id))
+
+
+@asynccontextmanager
+async def heartbeats(settings: Settings, member: Member, interval: float) -> AsyncIterator[asyncio.Event]:
+    """Send the group heartbeats for ``member`` from a client of our own while the block runs.
+
+    aiokafka sends none while a rebalance callback runs (it restarts its heartbeat task after the
+    callback returns), so a callback longer than the session timeout gets the member dropped
+    from the group (docs/faust-notes.md §14).  The event is set once the coordinator answers
+    anything but "fine" (a rebalance began: the others wait for this member to rejoin; or the
+    member is gone): the block should end soon."""
+    client = AIOKafkaClient(**settings.aiokafka_kwargs(), client_id=f"{settings.app_id}-heartbeats")
+    await client.bootstrap()
+    rejoin = asyncio.Event()
+
+    async def beat() -> None:
+        while True:
+            try:
+                request = HeartbeatRequest(member.group, member.generation, member.member_id)
+                response = await client.send(member.coordinator, request, group=ConnectionGroup.COORDINATION)
+                if response.error_code:
+                    log.info("heartbeat for %s: %s", member.member_id, Errors.for_code(response.error_code).__name__)
+                    rejoin.set()
+                    return
+            except Exception as e:  # a lost connection: try again at the next beat
+                log.warning("heartbeat for %s failed: %r", member.member_id, e)
+            await asyncio.sleep(interval)
+
+    task = asyncio.ensure_future(beat())
+    try:
+        yield rejoin
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await client.close()
+
+
+@asynccontextmanager
+async def member_heartbeats(settings: Settings, app: Any, interval: float) -> AsyncIterator[asyncio.Event | None]:
+    """:func:`heartbeats` for faust's consumer's membership (None inside: it has none)."""
+    member = faust_member(app)
+    if member is None:
+        yield None
+        return
+    async with heartbeats(settings, member, interval) as rejoin:
+        yield rejoin

@@ -29,11 +29,13 @@ their answers, so they are read again from the pages topic and their probes go t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
 from collections import defaultdict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,8 +131,12 @@ class BulkReplay:
 
     read: Callable[[str, dict[int, tuple[int, int]]], AsyncGenerator[tuple[int, list[Any]], None]]
     min_records: int = 1000  # a shorter tail (in offsets) is left to faust's recovery
-    timeout: float = 5.0  # seconds for the bulk read of one assignment; the rest is faust's
-    check: Callable[[], None] | None = None  # test hook, called after each restored run
+    timeout: float = 120.0  # seconds for the bulk read of one assignment; the rest is faust's
+    #: (faust's app) -> the member's heartbeats while the read runs; the event is set when the group
+    #: asks it to rejoin, None if there is no member (:func:`~streamdedup.stream.connection.member_heartbeats`)
+    keepalive: Callable[[Any], AbstractAsyncContextManager[asyncio.Event | None]] | None = None
+    unkept_timeout: float = 5.0  # the bound without heartbeats: below the session timeout
+    check: Callable[[], Awaitable[None]] | None = None  # test hook, awaited after each restored run
 
 
 class NotAssigned(LookupError):
@@ -384,9 +390,11 @@ class ShardStore(base.Store):
         only what is left.  Bounded by ``bulk.timeout``; a timeout or an error leaves the rest to
         faust's recovery (each shard's offset is what it holds, whatever the bulk read reached).
 
-        It runs inside the rebalance callback, where the consumer sends the group no heartbeat
-        (aiokafka stops them until the callback returns): the timeout must stay well below the
-        session timeout, or the group drops this worker (docs/faust-notes.md §14)."""
+        It runs inside the rebalance callback, where aiokafka sends the group no heartbeats: the
+        member's heartbeats are sent from a client of our own meanwhile (``bulk.keepalive``), and
+        the read stops as soon as the group asks the member to rejoin (another one joined or
+        left).  Without them it is bounded by ``bulk.unkept_timeout``, below the session
+        timeout, or the group would drop this worker (docs/faust-notes.md §14)."""
         ranges: dict[int, tuple[int, int]] = {}
         for partition in sorted(partitions):
             if partition not in self.shards:
@@ -397,41 +405,54 @@ class ShardStore(base.Store):
         if not ranges:
             return
         t0, records, rows, done = time.perf_counter(), 0, 0, set()
-        rebalance = self._rebalance
-        reader = bulk.read(topic, ranges)
-        try:
-            async with asyncio.timeout(bulk.timeout):
-                async for partition, run in reader:
-                    if getattr(self.app, "should_stop", False) or self._rebalance != rebalance:
-                        break  # (what it restored stays: each shard holds what its offset says)
-                    if partition not in self.assigned:  # (cannot happen within one callback)
-                        continue
-                    if not run:  # read to its end: control records up to it hold no rows
-                        self.shard(partition)
-                        self.offsets[partition] = max(ranges[partition][1] - 1, self.offsets.get(partition, -1))
-                        done.add(partition)
-                        continue
-                    self._restore(partition, run)
-                    records += len(run)
-                    rows += sum(row_counts([r.value for r in run if r.value]).tolist())
-                    if bulk.check is not None:
-                        bulk.check()
-                    await asyncio.sleep(0)  # the web server and the other tasks go on meanwhile
-        except (SchemeError, PlanError):
-            return  # _restore stopped the worker: faust's recovery would refuse the same records
-        except (TimeoutError, Exception) as e:
+        rebalance, stopped = self._rebalance, ""
+        async with contextlib.AsyncExitStack() as stack:
+            rejoin: asyncio.Event | None = None
+            if bulk.keepalive is not None:
+                try:
+                    rejoin = await stack.enter_async_context(bulk.keepalive(self.app))
+                except Exception as e:
+                    log.warning("cannot send the group heartbeats during the bulk replay: %r", e)
+            timeout = bulk.timeout if rejoin is not None else min(bulk.timeout, bulk.unkept_timeout)
+            reader = bulk.read(topic, ranges)
+            try:
+                async with asyncio.timeout(timeout):
+                    async for partition, run in reader:
+                        if rejoin is not None and rejoin.is_set():
+                            stopped = "the group asked this worker to rejoin (a rebalance)"
+                            break
+                        if getattr(self.app, "should_stop", False) or self._rebalance != rebalance:
+                            stopped = "the worker is stopping or rebalancing"
+                            break  # (what it restored stays: each shard holds what its offset says)
+                        if partition not in self.assigned:  # (cannot happen within one callback)
+                            continue
+                        if not run:  # read to its end: control records up to it hold no rows
+                            self.shard(partition)
+                            self.offsets[partition] = max(ranges[partition][1] - 1, self.offsets.get(partition, -1))
+                            done.add(partition)
+                            continue
+                        self._restore(partition, run)
+                        records += len(run)
+                        rows += sum(row_counts([r.value for r in run if r.value]).tolist())
+                        if bulk.check is not None:
+                            await bulk.check()
+                        await asyncio.sleep(0)  # the web server and the other tasks go on meanwhile
+            except (SchemeError, PlanError):
+                return  # _restore stopped the worker: faust's recovery would refuse the same records
+            except (TimeoutError, Exception) as e:
+                stopped = f"{type(e).__name__}: {str(e) or f'not done within {timeout:g}s'}"
+            finally:
+                try:  # (stops its consumer) an error here must not fail the rebalance: faust would crash
+                    await asyncio.wait_for(reader.aclose(), END_OFFSETS_TIMEOUT)
+                except (TimeoutError, Exception) as e:
+                    log.warning("the bulk replay's consumer of %s did not stop cleanly: %r", topic, e)
+        if stopped:
             log.warning(
-                "bulk replay of %s stopped (%s: %s); faust's recovery replays the rest from offsets %s",
+                "bulk replay of %s stopped (%s); faust's recovery replays the rest from offsets %s",
                 topic,
-                type(e).__name__,
-                str(e) or f"not done within {bulk.timeout:g}s",
+                stopped,
                 {p: self.offsets.get(p, -1) for p in sorted(ranges)},
             )
-        finally:
-            try:  # (stops its consumer) an error here must not fail the rebalance: faust would crash
-                await asyncio.wait_for(reader.aclose(), END_OFFSETS_TIMEOUT)
-            except (TimeoutError, Exception) as e:
-                log.warning("the bulk replay's consumer of %s did not stop cleanly: %r", topic, e)
         seconds = time.perf_counter() - t0
         log.info(
             "bulk replay of %s from offsets %s: %d records, %d rows in %.2fs (%.0f rows/s); partitions read to "

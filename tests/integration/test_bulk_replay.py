@@ -211,3 +211,30 @@ def test_a_snapshot_and_a_tail_replayed_in_bulk(kafka, tmp_path):
         judged = len(first) + len(second)
         verdicts = _judge(kafka, topics, worker, _copies(first[:10] + second[:10]) + new, judged)
         _check_verdicts(verdicts, first[:10] + second[:10], new)
+
+
+def test_a_bulk_read_longer_than_the_session_timeout_keeps_the_worker_in_the_group(kafka, tmp_path):
+    """aiokafka sends no heartbeats while the assignment callback runs (the bulk read is in it):
+    the store sends them from a client of its own.  Each restored run waits 4 s (test hook), so
+    the read lasts well over the 6 s session timeout; without the heartbeats the group drops the
+    worker (UnknownMemberIdError, a second assignment: docs/faust-notes.md §14)."""
+    topics = StreamTopics.fresh(kafka, partitions=PARTITIONS)
+    originals = _pages("original", 20, seed=6)
+    with WorkerProcess(kafka, topics, tmp_path, "writer", env=NO_BULK) as writer:
+        _judge(kafka, topics, writer, originals, 0)
+    _write_synthetic(kafka, topics, records=6, rows=20)
+    expected = _changelog_rows(kafka, topics)
+    env = {**BULK, "STREAMDEDUP_SESSION_TIMEOUT": "6", FAULT_ENV: "bulk_replay_slow:4"}
+    reader = WorkerProcess(kafka, topics, tmp_path, "reader", env=env)
+    with reader:
+        log = reader.log_path.read_text("utf-8", "replace")
+        line = _bulk_line(log, _changelog(topics))
+        assert line.group(4) == "[0, 1]" and int(line.group(3)) == expected, line.group(0)
+        seconds = float(re.search(r"rows in ([\d.]+)s", line.group(0)).group(1))
+        assert seconds > 6, line.group(0)  # longer than the session timeout
+        assert log.count("Executing _on_partitions_assigned") == 1, log[-4000:]  # never dropped
+        assert "UnknownMemberId" not in log and "stopped (" not in log
+        assert _stored_rows(reader, expected) == expected
+        new = _pages("new", 5, seed=7)
+        verdicts = _judge(kafka, topics, reader, _copies(originals[:10]) + new, len(originals))
+        _check_verdicts(verdicts, originals[:10], new)
