@@ -1,6 +1,7 @@
 """The stream worker end to end on a private local broker: throughput, latency, recovery, scaling.
 
     python bench/stream_bench.py --runs 3 [--pages 3000] [--latency-seconds 20] [--recovery-pages 500000]
+                                 [--recovery-env STREAMDEDUP_SESSION_TIMEOUT=60 ...]
 
 Each run uses fresh topics and app ids and prints one JSON line; then the medians.  See
 bench/README.md ("Stream worker") for what every figure means.
@@ -343,27 +344,33 @@ def shard_rows(w: WorkerProcess) -> int:
     return 0
 
 
-async def timed_start(w: WorkerProcess) -> tuple[float, float]:
-    """Seconds from process start to Ready, and from partitions assigned to recovery done (from its log)."""
+BULK = re.compile(r"bulk replay of \S+ from offsets .*?: (\d+) records, (\d+) rows in ([\d.]+)s")
+
+
+async def timed_start(w: WorkerProcess) -> tuple[float, float, tuple[int, float]]:
+    """Seconds from process start to Ready, and from partitions assigned to recovery done (from its
+    log); the rows the bulk changelog replay restored, and its seconds (0, 0.0 if it did not run)."""
     since = w.log_path.stat().st_size if w.log_path.exists() else 0
     t0 = time.time()
     await asyncio.to_thread(w.start, 900)
     ready, settled, assigned = (log_times(w, text, since)[0] for text in (READY, SETTLED, ASSIGNED))
-    return ready - t0, settled - assigned
+    bulk = BULK.findall(w.log_path.read_bytes()[since:].decode("utf-8", "replace"))
+    return ready - t0, settled - assigned, (sum(int(b[1]) for b in bulk), sum(float(b[2]) for b in bulk))
 
 
 async def recovery(kafka, args) -> dict:
     topics, _ = await fresh_app(kafka, args.partitions)
-    empty = new_worker(kafka, topics, args.workdir)
-    startup, assign = await timed_start(empty)  # the same start with an empty changelog
+    env = dict(e.split("=", 1) for e in args.recovery_env)
+    empty = new_worker(kafka, topics, args.workdir, env=env)
+    startup, assign, _ = await timed_start(empty)  # the same start with an empty changelog
     problems = await stop_all([empty])
     topics, settings = await fresh_app(kafka, args.partitions)
     rows, nbytes = await write_changelog(kafka, settings, args.recovery_pages, args.rows_per_record)
     groups = rows // args.recovery_pages
     out = {"rows": rows, "groups": groups, "changelog_mb": nbytes / 2**20, "startup_empty_s": startup}
-    w = new_worker(kafka, topics, args.workdir)
+    w = new_worker(kafka, topics, args.workdir, env=env)
     for kind in ("replay", "snapshot"):  # the second start loads the snapshots the first wrote on SIGTERM
-        total, span = await timed_start(w)
+        total, span, (bulk_rows, bulk_s) = await timed_start(w)
         out.update(
             {
                 f"{kind}_s": total - startup,
@@ -372,6 +379,8 @@ async def recovery(kafka, args) -> dict:
                 f"{kind}_log_s": span - assign,
                 f"{kind}_log_rows_per_s": rows / (span - assign),
                 f"{kind}_restored_rows": await asyncio.to_thread(shard_rows, w),
+                f"{kind}_bulk_rows": bulk_rows,  # of them, restored by the bulk replay (the rest by faust's)
+                f"{kind}_bulk_rows_per_s": bulk_rows / bulk_s if bulk_s else 0.0,
             }
         )
         t0 = time.monotonic()
@@ -427,6 +436,13 @@ def main() -> None:
     p.add_argument("--latency-rate", type=float, help="pages/s for the latency test (default: half of tput_per_s)")
     p.add_argument("--recovery-pages", type=int, default=500_000)
     p.add_argument("--rows-per-record", type=int, default=250, help="changelog rows per Kafka record")
+    p.add_argument(
+        "--recovery-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting for the recovery test's workers, e.g. STREAMDEDUP_BULK_REPLAY_TIMEOUT=30 (repeatable)",
+    )
     p.add_argument(
         "--only", default="throughput,latency,recovery,scaling", help="comma-separated tests (also: algorithms)"
     )

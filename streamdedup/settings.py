@@ -304,6 +304,22 @@ class Settings:
         _float(0, None, "use e.g. 300 seconds"),
         "SECONDS",
     )
+    bulk_replay_min_records: int = _f(
+        "--bulk-replay-min-records",
+        1000,
+        "A shard's changelog tail of at least this many records is replayed by the worker's own bulk "
+        "reader before faust's recovery, which replays a shorter one, and whatever the bulk read left (0: always).",
+        _int(0, None, "use e.g. 1000"),
+        "INT",
+    )
+    bulk_replay_timeout: float = _f(
+        "--bulk-replay-timeout",
+        120.0,
+        "Seconds the bulk changelog replay of one assignment may take; faust's recovery replays the rest "
+        "(it also stops when the group rebalances).",
+        _float(0, None, "use e.g. 120 seconds"),
+        "SECONDS",
+    )
     stop_timeout: float = _f(
         "--stop-timeout",
         25.0,

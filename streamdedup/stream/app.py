@@ -39,13 +39,19 @@ from streamdedup.pipeline.shard import WORKER_DESIGN, Plan, ShardPlan, shard_ste
 from streamdedup.pipeline.wire import ANSWERS, CHANGELOG, CHECKS, PROBES, Batch, decode, encode, kind_of
 from streamdedup.settings import Settings
 from streamdedup.stream.check import Checker
-from streamdedup.stream.connection import end_offsets, faust_broker_url, faust_credentials
+from streamdedup.stream.connection import (
+    end_offsets,
+    faust_broker_url,
+    faust_credentials,
+    member_heartbeats,
+    read_ranges,
+)
 from streamdedup.stream.gauges import Gauges
 from streamdedup.stream.logs import install as rate_limit_client_logs
 from streamdedup.stream.metrics import Metrics, setup_faust_sensor
 from streamdedup.stream.outbox import Outbox, latency_seconds
 from streamdedup.stream.pool import fingerprint_pool
-from streamdedup.stream.store import SCHEME, ShardStore
+from streamdedup.stream.store import SCHEME, BulkReplay, ShardStore
 
 __all__ = ["Worker", "internal_topics", "table_design"]
 
@@ -72,7 +78,9 @@ FAILED = -2  # an answer row's distance when its shard gave up on the probe (the
 #: ``stop`` makes a stop (SIGTERM) hang, for the stop deadline; ``check:id=<text>`` makes a POST
 #: /check whose body contains text answer CHECK_FAULT_DELAY seconds late (in progress all along,
 #: so it counts against the checks limit); ``skip:<partition>:<offset>[,...]``
-#: drops those pages records the first time the consumer delivers them, as faust can (docs/faust-notes.md §10)
+#: drops those pages records the first time the consumer delivers them, as faust can (docs/faust-notes.md §10);
+#: ``bulk_replay:<n>`` makes the bulk changelog replay fail after each of its first n restored runs, and
+#: ``bulk_replay_slow:<s>`` makes it wait s seconds after each
 FAULT_ENV = "TEST_STREAMDEDUP_FAULT"  # (not STREAMDEDUP_*: settings refuse unknown ones)
 CHECK_FAULT_DELAY = 2.0
 
@@ -169,6 +177,14 @@ class Worker:
             self._on_recovered,
             end_offsets=functools.partial(end_offsets, s),
             retention=1000 * s.retention,
+            bulk=BulkReplay(
+                functools.partial(read_ranges, s),
+                s.bulk_replay_min_records,
+                s.bulk_replay_timeout,
+                functools.partial(member_heartbeats, s, interval=min(3.0, s.session_timeout / 3)),
+                unkept_timeout=s.session_timeout / 2,
+                check=self._bulk_fault if self.faults else None,
+            ),
         )
         app = faust.App(
             s.app_id,
@@ -974,6 +990,12 @@ class Worker:
                     m.match_similarity.observe(w.similarity)
             if (lat := latency_seconds(w, now)) is not None:
                 m.latency.observe(lat)
+
+    async def _bulk_fault(self) -> None:
+        """The test hook (FAULT_ENV) after each run the bulk replay restores."""
+        if self.faults.stage == "bulk_replay_slow":
+            await asyncio.sleep(self.faults.times)
+        self.faults.check("bulk_replay", [])
 
     def _on_restored(self, partition: int, records: int) -> None:
         self.metrics.recovery_restored.inc(records)

@@ -7,15 +7,35 @@ shell) import nothing from faust.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import faust
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka import errors as Errors
+from aiokafka.client import AIOKafkaClient, ConnectionGroup
+from aiokafka.protocol.group import HeartbeatRequest
 from faust.types.auth import SASLMechanism
 
 from streamdedup.settings import Settings
 
-__all__ = ["faust_broker_url", "faust_credentials", "end_offsets"]
+__all__ = [
+    "faust_broker_url",
+    "faust_credentials",
+    "end_offsets",
+    "read_ranges",
+    "Member",
+    "faust_member",
+    "heartbeats",
+    "member_heartbeats",
+]
+
+log = logging.getLogger(__name__)
 
 
 def faust_broker_url(settings: Settings) -> str:
@@ -61,3 +81,141 @@ async def end_offsets(settings: Settings, topic: str, partitions: list[int]) -> 
         return {tp.partition: int(end) for tp, end in ends.items()}
     finally:
         await consumer.stop()
+
+
+#: The bulk changelog reader's fetch sizes: whole runs of records per request (the broker's
+#: default record limit is 1 MiB, so a partition fetch holds many records).
+BULK_FETCH_MAX_BYTES = 64 * 2**20
+BULK_PARTITION_FETCH_BYTES = 32 * 2**20
+
+
+async def read_ranges(
+    settings: Settings, topic: str, ranges: dict[int, tuple[int, int]]
+) -> AsyncGenerator[tuple[int, list[ConsumerRecord]], None]:
+    """The committed records of ``topic`` in each partition's ``[start, end)`` of ``ranges``, as
+    fetched: ``(partition, records)`` runs in offset order, then ``(partition, [])`` once the
+    partition is read to its end.  Read by a consumer of our own (no group; read_committed, so
+    aborted transactions are skipped) with large fetches, not through faust's consumer thread
+    (busy with the rebalance this runs in, faust-notes §11) and its per-record events.
+
+    A partition is done when the consumer's position reaches its end, not after a number of
+    records: transaction markers take offsets too, so its last record can lie below ``end - 1``.
+    It is also done at the last stable offset (an open transaction's records cannot be read
+    committed yet; the caller's deadline would otherwise run out waiting for it).  The caller
+    bounds the whole read (a timeout); closing the generator stops the consumer."""
+    consumer = AIOKafkaConsumer(
+        **settings.aiokafka_kwargs(),
+        group_id=None,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        fetch_max_bytes=BULK_FETCH_MAX_BYTES,
+        max_partition_fetch_bytes=BULK_PARTITION_FETCH_BYTES,
+        auto_offset_reset="earliest",  # (a start below the log's start: compacted or deleted away)
+        client_id=f"{settings.app_id}-bulk-replay",
+    )
+    todo = {TopicPartition(topic, p): end for p, (start, end) in ranges.items() if start < end}
+    if not todo:
+        return
+    await consumer.start()
+    try:
+        consumer.assign(list(todo))
+        for tp in todo:
+            consumer.seek(tp, ranges[tp.partition][0])
+        while todo:
+            fetched = await consumer.getmany(*todo, timeout_ms=500)
+            for tp, records in fetched.items():
+                end = todo.get(tp)
+                if end is None:
+                    continue
+                records = [r for r in records if r.offset < end] if records[-1].offset >= end else records
+                if records:
+                    yield tp.partition, records
+            for tp in list(todo):
+                position = await consumer.position(tp)
+                stable = consumer.last_stable_offset(tp)
+                if position >= todo[tp]:
+                    del todo[tp]
+                    yield tp.partition, []  # read to its end
+                elif tp not in fetched and stable is not None and position >= stable:
+                    del todo[tp]  # an open transaction: what follows is faust's recovery's
+            consumer.pause(*[tp for tp in consumer.assignment() if tp not in todo])
+    finally:
+        await consumer.stop()
+
+
+@dataclass(frozen=True)
+class Member:
+    """A consumer group member: what a heartbeat names."""
+
+    group: str
+    coordinator: int  # the group coordinator's broker node id
+    generation: int
+    member_id: str
+
+
+def faust_member(app: Any) -> Member | None:
+    """The group membership of faust's consumer (None if it has none yet).
+
+    Read from faust's aiokafka consumer in its thread (private attributes of faust 0.15 and
+    aiokafka 0.14), from the event loop's thread while that consumer waits for a rebalance
+    callback to return: nothing changes them meanwhile."""
+    try:
+        coordinator = app.consumer._thread._consumer._coordinator
+        group, node, generation, member_id = (
+            coordinator.group_id,
+            coordinator.coordinator_id,
+            coordinator.generation,
+            coordinator.member_id,
+        )
+    except AttributeError:
+        return None
+    if node is None or generation < 0 or not member_id:
+        return None
+    return Member(group, int(node), int(generation), str(member_id))
+
+
+@asynccontextmanager
+async def heartbeats(settings: Settings, member: Member, interval: float) -> AsyncIterator[asyncio.Event]:
+    """Send the group heartbeats for ``member`` from a client of our own while the block runs.
+
+    aiokafka sends none while a rebalance callback runs (it restarts its heartbeat task after the
+    callback returns), so a callback longer than the session timeout gets the member dropped
+    from the group (docs/faust-notes.md §14).  The event is set once the coordinator answers
+    anything but "fine" (a rebalance began: the others wait for this member to rejoin; or the
+    member is gone): the block should end soon."""
+    client = AIOKafkaClient(**settings.aiokafka_kwargs(), client_id=f"{settings.app_id}-heartbeats")
+    await client.bootstrap()
+    rejoin = asyncio.Event()
+
+    async def beat() -> None:
+        while True:
+            try:
+                request = HeartbeatRequest(member.group, member.generation, member.member_id)
+                response = await client.send(member.coordinator, request, group=ConnectionGroup.COORDINATION)
+                if response.error_code:
+                    log.info("heartbeat for %s: %s", member.member_id, Errors.for_code(response.error_code).__name__)
+                    rejoin.set()
+                    return
+            except Exception as e:  # a lost connection: try again at the next beat
+                log.warning("heartbeat for %s failed: %r", member.member_id, e)
+            await asyncio.sleep(interval)
+
+    task = asyncio.ensure_future(beat())
+    try:
+        yield rejoin
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await client.close()
+
+
+@asynccontextmanager
+async def member_heartbeats(settings: Settings, app: Any, interval: float) -> AsyncIterator[asyncio.Event | None]:
+    """:func:`heartbeats` for faust's consumer's membership (None inside: it has none)."""
+    member = faust_member(app)
+    if member is None:
+        yield None
+        return
+    async with heartbeats(settings, member, interval) as rejoin:
+        yield rejoin

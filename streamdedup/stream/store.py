@@ -7,6 +7,11 @@ in-memory shard already covers, or the one a local snapshot (``data_dir``) cover
 restart replays only the changelog's tail.  Snapshots are written by the shard stage between
 batches, when the shard and its offset agree, and when the worker stops.
 
+A long tail is not left to faust's per-record path: :meth:`ShardStore.on_rebalance` reads it
+first with a consumer of the worker's own and restores whole fetched runs through the same
+:meth:`ShardStore._restore` (:class:`BulkReplay`, docs/faust-notes.md §14); faust's recovery then
+starts after what it reached.
+
 A snapshot is used only if it matches the cluster: the same changelog topic and shard plan,
 the same fingerprint scheme, and an offset the changelog has reached.  One that does not (the
 topics were recreated empty, the snapshot was written by another scheme) is discarded with a
@@ -29,11 +34,14 @@ their answers, so they are read again from the pages topic and their probes go t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +55,7 @@ from streamdedup.fingerprinting import SCHEME as FINGERPRINT_SCHEME
 from streamdedup.pipeline.shard import Plan, Shard
 from streamdedup.pipeline.wire import CHANGELOG, decode, row_counts
 
-__all__ = ["ShardStore", "NotAssigned", "SCHEME", "snapshot_meta", "stale_snapshot", "load_snapshot"]
+__all__ = ["BulkReplay", "ShardStore", "NotAssigned", "SCHEME", "snapshot_meta", "stale_snapshot", "load_snapshot"]
 
 SCHEME = "sdshard"  # the faust store URL scheme (not the fingerprint scheme)
 END_OFFSETS_TIMEOUT = 5.0  # seconds a rebalance waits for the changelog's end offsets
@@ -119,6 +127,23 @@ def load_snapshot(
     return shard, offset
 
 
+@dataclass(frozen=True)
+class BulkReplay:
+    """How the store replays a long changelog tail itself, before faust's recovery starts
+    (docs/faust-notes.md §14): ``read(topic, {partition: (start, end)})`` yields
+    ``(partition, records)`` runs in offset order, and ``(partition, [])`` once a partition has
+    been read to its end (:func:`~streamdedup.stream.connection.read_ranges`)."""
+
+    read: Callable[[str, dict[int, tuple[int, int]]], AsyncGenerator[tuple[int, list[Any]], None]]
+    min_records: int = 1000  # a shorter tail (in offsets) is left to faust's recovery
+    timeout: float = 120.0  # seconds for the bulk read of one assignment; the rest is faust's
+    #: (faust's app) -> the member's heartbeats while the read runs; the event is set when the group
+    #: asks it to rejoin, None if there is no member (:func:`~streamdedup.stream.connection.member_heartbeats`)
+    keepalive: Callable[[Any], AbstractAsyncContextManager[asyncio.Event | None]] | None = None
+    unkept_timeout: float = 5.0  # the bound without heartbeats: below the session timeout
+    check: Callable[[], Awaitable[None]] | None = None  # test hook, awaited after each restored run
+
+
 class NotAssigned(LookupError):
     """A shard was asked for a partition this worker holds neither active nor standby."""
 
@@ -134,6 +159,7 @@ class ShardStore(base.Store):
     #: own client, :func:`~streamdedup.stream.connection.end_offsets`); None: faust's highwaters.
     end_offsets: Callable[[str, list[int]], Awaitable[dict[int, int]]] | None = None
     retention: int = 0  # ms; 0 keeps every page (Shard)
+    bulk: BulkReplay | None = None  # None: every record comes through faust's recovery
 
     def __post_init__(self) -> None:
         self.shards: dict[int, Shard] = {}
@@ -154,9 +180,10 @@ class ShardStore(base.Store):
         on_recovered: Callable[[], None] | None = None,
         end_offsets: Callable[[str, list[int]], Awaitable[dict[int, int]]] | None = None,
         retention: int = 0,
+        bulk: BulkReplay | None = None,
     ) -> None:
         cls.plan, cls.data_dir, cls.on_restored, cls.on_recovered = plan, data_dir, on_restored, on_recovered
-        cls.end_offsets, cls.retention = end_offsets, retention
+        cls.end_offsets, cls.retention, cls.bulk = end_offsets, retention, bulk
 
     # -------------------------------------------------------------- the index
     def serves(self, partition: int) -> bool:
@@ -271,32 +298,39 @@ class ShardStore(base.Store):
             if partition not in self.assigned:  # (not seen; a shard here would claim their offsets)
                 log.info("changelog records of partition %d, not assigned here now, not restored", partition)
                 continue
-            records = [m for m in messages if m.value]
-            try:
-                rows = decode([m.value for m in records], CHANGELOG)
-            except SchemeError as e:
-                self._refuse(partition, e)
-                raise
-            shard = self.shard(partition)
-            try:
-                shard.restore(rows)
-            except PlanError as e:
-                self._refuse_plan(partition, e)
-                raise
-            if shard.retention:  # the records that hold its rows, and the tombstones of expired ones
-                counts = row_counts([m.value for m in records])
-                held = counts > 0
-                if held.any():
-                    starts = np.cumsum(counts) - counts
-                    newest = np.maximum.reduceat(rows.fetched, starts[held]).tolist()
-                    for m, n in zip((m for m, h in zip(records, held.tolist()) if h), newest):
-                        shard.track(bytes(m.key or b""), n)
-                shard.forget([bytes(m.key) for m in messages if not m.value and m.key])
-            self.offsets[partition] = max(messages[-1].offset, self.offsets.get(partition, -1))
-            if shard.compacted:  # its string files were rewritten: the snapshot must say so
-                self.snapshot(partition)
-            if self.on_restored is not None:
-                self.on_restored(partition, len(messages))
+            self._restore(partition, messages)
+
+    def _restore(self, partition: int, messages: Sequence[Any]) -> None:
+        """Store changelog ``messages`` (in offset order; anything with ``key``, ``value`` and
+        ``offset``: faust's messages or the bulk reader's records) into the shard of ``partition``.
+        The one path of both faust's recovery and the bulk replay.  Raises SchemeError / PlanError
+        (after stopping the worker) for records the shard cannot hold."""
+        records = [m for m in messages if m.value]
+        try:
+            rows = decode([m.value for m in records], CHANGELOG)
+        except SchemeError as e:
+            self._refuse(partition, e)
+            raise
+        shard = self.shard(partition)
+        try:
+            shard.restore(rows)
+        except PlanError as e:
+            self._refuse_plan(partition, e)
+            raise
+        if shard.retention:  # the records that hold its rows, and the tombstones of expired ones
+            counts = row_counts([m.value for m in records])
+            held = counts > 0
+            if held.any():
+                starts = np.cumsum(counts) - counts
+                newest = np.maximum.reduceat(rows.fetched, starts[held]).tolist()
+                for m, n in zip((m for m, h in zip(records, held.tolist()) if h), newest):
+                    shard.track(bytes(m.key or b""), n)
+            shard.forget([bytes(m.key) for m in messages if not m.value and m.key])
+        self.offsets[partition] = max(messages[-1].offset, self.offsets.get(partition, -1))
+        if shard.compacted:  # its string files were rewritten: the snapshot must say so
+            self.snapshot(partition)
+        if self.on_restored is not None:
+            self.on_restored(partition, len(messages))
 
     def _refuse(self, partition: int, error: SchemeError) -> None:
         """Stop the worker: its changelog holds another scheme's fingerprints (never mix them)."""
@@ -341,16 +375,102 @@ class ShardStore(base.Store):
             self.shards.pop(partition).close()
             self.offsets.pop(partition, None)
         # The changelog's end offsets, to tell a snapshot of this cluster from a stale one before
-        # recovery seeks past it (faust's own check would stop the worker with ConsistencyError).
+        # recovery seeks past it (faust's own check would stop the worker with ConsistencyError),
+        # and, for the bulk replay, how long each partition's tail is.
         self.ends.clear()
-        unloaded = [tp for tp in mine if tp.partition not in self.shards]
-        if unloaded and self.data_dir is not None:
+        wanted = [tp for tp in mine if self.bulk is not None or tp.partition not in self.shards]
+        if wanted and (self.data_dir is not None or self.bulk is not None):
             try:
                 # By a client of our own: faust's consumer thread is busy with this very rebalance
                 # (faust-notes §11).  Bounded all the same: a rebalance must not wait on a slow broker.
-                self.ends.update(await asyncio.wait_for(self._read_ends(topic, unloaded), END_OFFSETS_TIMEOUT))
+                self.ends.update(await asyncio.wait_for(self._read_ends(topic, wanted), END_OFFSETS_TIMEOUT))
             except (TimeoutError, Exception) as e:  # recovery reads them again; _end_offset falls back
                 log.warning("cannot read the end offsets of %s: %s", topic, e)
+        if self.bulk is not None and self.ends:
+            await self._bulk_replay(self.bulk, topic, keep)
+
+    async def _bulk_replay(self, bulk: BulkReplay, topic: str, partitions: set[int]) -> None:
+        """Replay the long changelog tails of ``partitions`` with the bulk reader, before faust's
+        recovery reads :meth:`persisted_offset` (right after this callback): faust then replays
+        only what is left.  Bounded by ``bulk.timeout``; a timeout or an error leaves the rest to
+        faust's recovery (each shard's offset is what it holds, whatever the bulk read reached).
+
+        It runs inside the rebalance callback, where aiokafka sends the group no heartbeats: the
+        member's heartbeats are sent from a client of our own meanwhile (``bulk.keepalive``), and
+        the read stops as soon as the group asks the member to rejoin (another one joined or
+        left).  Without them it is bounded by ``bulk.unkept_timeout``, below the session
+        timeout, or the group would drop this worker (docs/faust-notes.md §14)."""
+        ranges: dict[int, tuple[int, int]] = {}
+        for partition in sorted(partitions):
+            if partition not in self.shards:
+                self._load_snapshot(partition)  # (persisted_offset finds it loaded)
+            end, start = self.ends.get(partition), self.offsets.get(partition, -1) + 1
+            if end is not None and end > start and end - start >= bulk.min_records:
+                ranges[partition] = (start, end)
+        if not ranges:
+            return
+        t0, records, rows, done = time.perf_counter(), 0, 0, set()
+        rebalance, stopped = self._rebalance, ""
+        async with contextlib.AsyncExitStack() as stack:
+            rejoin: asyncio.Event | None = None
+            if bulk.keepalive is not None:
+                try:
+                    rejoin = await stack.enter_async_context(bulk.keepalive(self.app))
+                except Exception as e:
+                    log.warning("cannot send the group heartbeats during the bulk replay: %r", e)
+            timeout = bulk.timeout if rejoin is not None else min(bulk.timeout, bulk.unkept_timeout)
+            reader = bulk.read(topic, ranges)
+            try:
+                async with asyncio.timeout(timeout):
+                    async for partition, run in reader:
+                        if rejoin is not None and rejoin.is_set():
+                            stopped = "the group asked this worker to rejoin (a rebalance)"
+                            break
+                        if getattr(self.app, "should_stop", False) or self._rebalance != rebalance:
+                            stopped = "the worker is stopping or rebalancing"
+                            break  # (what it restored stays: each shard holds what its offset says)
+                        if partition not in self.assigned:  # (cannot happen within one callback)
+                            continue
+                        if not run:  # read to its end: control records up to it hold no rows
+                            self.shard(partition)
+                            self.offsets[partition] = max(ranges[partition][1] - 1, self.offsets.get(partition, -1))
+                            done.add(partition)
+                            continue
+                        self._restore(partition, run)
+                        records += len(run)
+                        rows += sum(row_counts([r.value for r in run if r.value]).tolist())
+                        if bulk.check is not None:
+                            await bulk.check()
+                        await asyncio.sleep(0)  # the web server and the other tasks go on meanwhile
+            except (SchemeError, PlanError):
+                return  # _restore stopped the worker: faust's recovery would refuse the same records
+            except (TimeoutError, Exception) as e:
+                stopped = f"{type(e).__name__}: {str(e) or f'not done within {timeout:g}s'}"
+            finally:
+                try:  # (stops its consumer) an error here must not fail the rebalance: faust would crash
+                    await asyncio.wait_for(reader.aclose(), END_OFFSETS_TIMEOUT)
+                except (TimeoutError, Exception) as e:
+                    log.warning("the bulk replay's consumer of %s did not stop cleanly: %r", topic, e)
+        if stopped:
+            log.warning(
+                "bulk replay of %s stopped (%s); faust's recovery replays the rest from offsets %s",
+                topic,
+                stopped,
+                {p: self.offsets.get(p, -1) for p in sorted(ranges)},
+            )
+        seconds = time.perf_counter() - t0
+        log.info(
+            "bulk replay of %s from offsets %s: %d records, %d rows in %.2fs (%.0f rows/s); partitions read to "
+            "their end %s, offsets now %s",
+            topic,
+            {p: start for p, (start, _) in sorted(ranges.items())},
+            records,
+            rows,
+            seconds,
+            rows / seconds if seconds > 0 else 0.0,
+            sorted(done),
+            {p: self.offsets.get(p, -1) for p in sorted(ranges)},
+        )
 
     async def _read_ends(self, topic: str, tps: list[TP]) -> dict[int, int]:
         if self.end_offsets is not None:

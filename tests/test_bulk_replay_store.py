@@ -1,0 +1,188 @@
+"""The store's bulk changelog replay (``ShardStore._bulk_replay``, docs/faust-notes.md §14),
+driven through a Worker's store with the Kafka reader played by a list of records.
+
+The integration test (tests/integration/test_bulk_replay.py) runs it on the real broker; these
+pin the bookkeeping: where faust's recovery starts afterwards, what a failure part-way leaves,
+and that a changelog of another scheme stops the worker as faust's path does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import asynccontextmanager
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from faust.types import TP
+from prometheus_client import CollectorRegistry
+
+from streamdedup.pipeline.wire import CHANGELOG, Batch, encode
+from streamdedup.settings import Settings
+from streamdedup.stream.app import Worker
+from streamdedup.stream.store import BulkReplay, ShardStore
+
+PARTITIONS = 2
+
+
+def _value(partition: int, n: int, rows: int = 5) -> bytes:
+    ids = [f"p{partition}-r{n}-{i}" for i in range(rows)]
+    return encode(
+        Batch.build(
+            group=[i % 4 for i in range(rows)],
+            fps=np.arange(rows) + 1000 * n,
+            fetched=[0] * rows,
+            id_hash=list(range(rows)),
+            ids=ids,
+            urls=ids,
+        ),
+        CHANGELOG,
+    )
+
+
+class Changelog:
+    """Records per partition at the offsets given (gaps are transaction markers), and a bulk
+    reader over them that yields ``per_run`` records at a time."""
+
+    def __init__(self, per_run: int = 3) -> None:
+        self.records: dict[int, list[SimpleNamespace]] = {}
+        self.ends: dict[int, int] = {}
+        self.per_run, self.reads = per_run, []
+        self.fail_after: int | None = None  # runs yielded before the reader raises
+
+    def write(self, partition: int, offsets: list[int], end: int, value: Any = _value) -> None:
+        self.records[partition] = [
+            SimpleNamespace(offset=o, key=f"k{o}".encode(), value=value(partition, o)) for o in offsets
+        ]
+        self.ends[partition] = end
+
+    async def end_offsets(self, topic: str, partitions: list[int]) -> dict[int, int]:
+        return {p: self.ends.get(p, 0) for p in partitions}
+
+    async def read(self, topic: str, ranges: dict[int, tuple[int, int]]) -> AsyncGenerator[tuple[int, list], None]:
+        self.reads.append(dict(ranges))
+        yielded = 0
+        for p, (start, end) in sorted(ranges.items()):
+            todo = [r for r in self.records.get(p, []) if start <= r.offset < end]
+            for i in range(0, len(todo), self.per_run):
+                if self.fail_after is not None and yielded >= self.fail_after:
+                    raise ConnectionError("the broker went away")
+                yield p, todo[i : i + self.per_run]
+                yielded += 1
+            yield p, []
+
+
+@pytest.fixture
+def changelog() -> Changelog:
+    return Changelog()
+
+
+@pytest.fixture
+def worker(tmp_path, changelog, monkeypatch):
+    w = Worker(
+        Settings(data_dir=tmp_path, fingerprint_processes=0, partitions=PARTITIONS), registry=CollectorRegistry()
+    )
+    monkeypatch.setattr(ShardStore, "end_offsets", changelog.end_offsets)
+    monkeypatch.setattr(ShardStore, "bulk", BulkReplay(changelog.read, min_records=0, timeout=5.0))
+    yield w
+    w.close()
+
+
+async def _assign(w: Worker, monkeypatch, partitions: set[int]) -> None:
+    store, topic = w.store, w.store._changelog()
+    w.app.on_rebalance_start()
+    assigned = {TP(topic, p) for p in partitions}
+    monkeypatch.setattr(w.app.assignor, "assigned_actives", lambda: assigned)
+    await store.on_rebalance(assigned, set(), assigned)
+
+
+def _faust_recovery(store: ShardStore, changelog: Changelog) -> None:
+    """What faust's recovery replays after the bulk path: each partition's records after
+    persisted_offset, through apply_changelog_batch."""
+    topic = store._changelog()
+    for p in range(PARTITIONS):
+        start = store.persisted_offset(TP(topic, p))
+        rest = [r for r in changelog.records.get(p, []) if r.offset > (-1 if start is None else start)]
+        events = [SimpleNamespace(message=SimpleNamespace(partition=p, **vars(r))) for r in rest]
+        store.apply_changelog_batch(events, None, None)
+
+
+def test_a_tail_read_to_its_end_leaves_faust_nothing_even_with_markers_after_the_last_record(
+    worker, changelog, monkeypatch
+):
+    changelog.write(0, [0, 1, 2, 4, 5, 6, 8], end=10)  # markers at 3, 7 and 9: the last record is 8
+    changelog.write(1, [0, 1, 2], end=4)
+    restored: list[tuple[int, int]] = []
+    monkeypatch.setattr(ShardStore, "on_restored", staticmethod(lambda p, n: restored.append((p, n))))
+    asyncio.run(_assign(worker, monkeypatch, {0, 1}))
+    store, topic = worker.store, worker.store._changelog()
+    assert changelog.reads == [{0: (0, 10), 1: (0, 4)}]
+    assert {p: store.persisted_offset(TP(topic, p)) for p in (0, 1)} == {0: 9, 1: 3}  # the ends - 1
+    assert {p: len(store.shards[p]) for p in (0, 1)} == {0: 7 * 5, 1: 3 * 5}
+    assert sum(n for p, n in restored if p == 0) == 7 and sum(n for p, n in restored if p == 1) == 3
+    _faust_recovery(store, changelog)
+    assert {p: len(store.shards[p]) for p in (0, 1)} == {0: 35, 1: 15}  # nothing twice
+
+
+def test_a_bulk_read_that_fails_part_way_leaves_the_rest_to_faust_from_the_offset_it_reached(
+    worker, changelog, monkeypatch
+):
+    changelog.write(0, list(range(10)), end=10)
+    changelog.write(1, list(range(4)), end=4)
+    changelog.fail_after = 2  # two runs of 3 records of partition 0, then the reader raises
+    asyncio.run(_assign(worker, monkeypatch, {0, 1}))
+    store, topic = worker.store, worker.store._changelog()
+    assert store.persisted_offset(TP(topic, 0)) == 5 and len(store.shards[0]) == 6 * 5
+    assert store.persisted_offset(TP(topic, 1)) is None and 1 not in store.shards
+    _faust_recovery(store, changelog)
+    assert {p: len(store.shards[p]) for p in (0, 1)} == {0: 50, 1: 20}
+
+
+def test_a_short_tail_is_left_to_faust(worker, changelog, monkeypatch):
+    monkeypatch.setattr(ShardStore, "bulk", BulkReplay(changelog.read, min_records=5, timeout=5.0))
+    changelog.write(0, list(range(4)), end=4)
+    changelog.write(1, list(range(8)), end=8)
+    asyncio.run(_assign(worker, monkeypatch, {0, 1}))
+    assert changelog.reads == [{1: (0, 8)}]
+    assert 0 not in worker.store.shards
+
+
+def test_a_changelog_of_another_scheme_stops_the_worker_in_the_bulk_path_too(worker, changelog, monkeypatch):
+    crashes: list[BaseException] = []
+
+    async def crash(e: BaseException) -> None:
+        crashes.append(e)
+
+    monkeypatch.setattr(worker.app, "crash", crash)
+    old = _value(0, 0)
+    changelog.write(0, [0, 1], end=2, value=lambda p, o: b"SDB1" + old[4:5] + old[6:])  # scheme 1's layout
+
+    async def scenario() -> None:
+        await _assign(worker, monkeypatch, {0})
+        await asyncio.sleep(0)  # the crash is scheduled
+
+    asyncio.run(scenario())
+    assert len(crashes) == 1 and "holds fingerprints of scheme 1" in str(crashes[0])
+    assert worker.store.offsets.get(0) is None  # nothing claimed
+
+
+def test_the_bulk_read_stops_when_the_group_asks_the_member_to_rejoin(worker, changelog, monkeypatch):
+    rejoin = asyncio.Event()
+
+    @asynccontextmanager
+    async def keepalive(app: Any) -> AsyncIterator[asyncio.Event]:
+        yield rejoin
+
+    async def another_member_joins() -> None:  # (the heartbeats' answer, after the first run)
+        rejoin.set()
+
+    bulk = BulkReplay(changelog.read, min_records=0, keepalive=keepalive, check=another_member_joins)
+    monkeypatch.setattr(ShardStore, "bulk", bulk)
+    changelog.write(0, list(range(10)), end=10)
+    asyncio.run(_assign(worker, monkeypatch, {0}))
+    store, topic = worker.store, worker.store._changelog()
+    assert store.persisted_offset(TP(topic, 0)) == 2 and len(store.shards[0]) == 3 * 5  # one run of 3
+    _faust_recovery(store, changelog)
+    assert len(store.shards[0]) == 50
