@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import xxhash
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamdedup.errors import SchemeError
@@ -257,3 +257,30 @@ def test_a_snapshot_of_the_16_table_design_is_rebuilt_by_a_worker_of_the_4_table
     group = np.arange(300) % 4
     assert answers[0].distance.tolist() == np.where(group == 1, 2, -1).tolist()
     assert answers[0].distance.tolist() == answers[1].distance.tolist() and answers[0].ids == answers[1].ids
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    groups=st.lists(st.integers(0, 5), min_size=1, max_size=40),
+    texts=st.lists(st.text(max_size=6), min_size=80, max_size=80),
+    extra=st.booleans(),
+)
+def test_by_group_gives_each_groups_rows_like_select(groups, texts, extra):
+    n = len(groups)
+    ids, urls = texts[:n], [t + "/u" for t in texts[40 : 40 + n]]
+    batch = Batch.build(
+        group=np.array(groups, dtype=np.int64),
+        fps=np.arange(n, dtype=np.uint64),
+        fetched=np.arange(n),
+        id_hash=np.arange(n, dtype=np.uint64),
+        ids=ids,
+        urls=urls,
+        extra=np.arange(3 * n, dtype=np.uint8).reshape(n, 3) if extra else None,
+    )
+    got = batch.by_group()
+    assert [g for g, _ in got] == sorted(set(groups))
+    for g, part in got:
+        want = batch.select(np.array(groups, dtype=np.int64) == g)
+        assert part.rows.tobytes() == want.rows.tobytes() and part.strings == want.strings
+        assert part.ids() == want.ids() and part.urls() == want.urls()
+        assert (part.extra is None) == (not extra) and (part.extra is None or (part.extra == want.extra).all())

@@ -428,12 +428,12 @@ class Shard:
                 "--num-perm or combined --k wrote them"
             )
         starts: dict[int, int] = {}
-        for g in np.unique(inserts.group).tolist():
+        for g, rows in inserts.by_group():
             store = self._groups.get(g)
             if store is None:
                 store = self._groups[g] = self._new_group(g)
             starts[g] = _rows(store)
-            store.load(inserts.select(inserts.group == g))
+            store.load(rows)
         self._advance(restored_clock_values(inserts), starts)
 
 
