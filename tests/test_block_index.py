@@ -412,3 +412,32 @@ def test_hamming_index_matches_leave_the_fingerprint_none():
     idx.add_many(range(2), [0, 1])
     found = idx.search([0])
     assert found.fingerprint is None and found.row.tolist() == [0, 1]
+
+
+def test_background_merges_of_several_indexes_run_one_at_a_time():
+    """A shard's groups grow in step: their big merges must not all hold their inputs and
+    outputs at once. While one index's merge is held, another's due merge does not start."""
+    mask = 0xFFFF << 16
+    fps, queries = planted(3000, mask, seed=9)
+    first, second = small(mask), small(mask)
+    for idx in (first, second):
+        idx.BACKGROUND_MIN = 400
+    held_first, held_second = HeldMerges(first), HeldMerges(second)
+    for s in range(0, 3000, 50):
+        first.add_many(range(s, s + 50), fps[s : s + 50])
+    assert first._pending is not None and held_first.started == 1
+    for s in range(0, 3000, 50):
+        second.add_many(range(s, s + 50), fps[s : s + 50])
+    assert second._pending is not None
+    second._pending.thread.join(0.5)
+    assert held_second.started == 0  # waiting for the slot the first merge holds
+    held_second.go.set()
+    second._pending.thread.join(0.5)
+    assert held_second.started == 0 and second._pending.thread.is_alive()
+    held_first.go.set()  # the first finishes; then the second runs
+    first.wait()
+    second.wait()
+    assert held_second.started >= 1
+    ref = small(mask, background=False)
+    ref.add_many(range(3000), fps)
+    assert same(first.search(queries), ref.search(queries)) and same(second.search(queries), ref.search(queries))

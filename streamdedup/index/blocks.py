@@ -110,6 +110,13 @@ class _Run:
         return self.fps.nbytes + self.rows.nbytes + (0 if self.directory is None else self.directory.nbytes)
 
 
+#: Background merges run one at a time in the process: a shard's groups grow in step (every page
+#: goes to each), so their big merges fall due together, and four at once held 2.7 x the index's
+#: memory at 100 M pages (each merge holds its inputs and its output).  The others wait their turn,
+#: searched as they are meanwhile.
+_MERGE_SLOT = threading.Lock()
+
+
 class _Merge:
     """A merge of two adjacent runs running in a thread; ``result`` is the merged run once done."""
 
@@ -130,7 +137,8 @@ class _Merge:
         except (AttributeError, OSError):  # not Linux/POSIX: the merge runs at the same priority
             pass
         try:
-            self.result = work(self.old, self.new)
+            with _MERGE_SLOT:
+                self.result = work(self.old, self.new)
         except BaseException as e:  # re-raised on the caller's thread by BlockIndex._poll
             self.error = e
 
