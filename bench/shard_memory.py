@@ -81,6 +81,7 @@ def run(
                 probe_urls,
                 extra=extra,
             )
+        shard.prepare()  # (merges under way finished: what the shard holds, not a merge's output too)
         seconds = time.perf_counter() - t0
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         rss = _rss_anon()

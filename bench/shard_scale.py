@@ -111,9 +111,7 @@ def main() -> None:
             kept = np.concatenate((kept, fps[:: max(1, a.pages // 200_000)]))
             for g in range(plan.n_groups):
                 shard.restore(_rows(fps, start, g, a.url_length))
-        for store in shard._groups.values():
-            getattr(store.index, "wait", lambda: None)()  # (background merges finished)
-        shard.prepare()
+        shard.prepare()  # (background merges finished, directories built)
         build = time.perf_counter() - t0
         out["restore_s"] = round(build, 1)
         out["restore_rows_per_s"] = round(a.pages * plan.n_groups / build)
