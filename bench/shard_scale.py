@@ -115,6 +115,7 @@ def main() -> None:
         build = time.perf_counter() - t0
         out["restore_s"] = round(build, 1)
         out["restore_rows_per_s"] = round(a.pages * plan.n_groups / build)
+        out["peak_rss_mb_built"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
         out["nbytes_per_page"] = round(shard.nbytes / a.pages, 1)
         out["rss_anon_per_page"] = round((_rss_anon() - base) / a.pages, 1)
 
@@ -147,7 +148,7 @@ def main() -> None:
             seconds, worst = seconds + took, max(worst, took)
         out["insert_pages_per_s"] = round(a.inserts / seconds)
         out["insert_worst_batch_s"] = round(worst, 3)
-        out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+        out["peak_rss_mb_inserts"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
 
         # snapshot, restart, same answers
         probe = queries[:1000]
@@ -156,12 +157,15 @@ def main() -> None:
         shard.save(f"{tmp}/s.shard", {"offset": 1})
         out["snapshot_save_s"] = round(time.perf_counter() - t0, 1)
         out["snapshot_gb"] = round(os.path.getsize(f"{tmp}/s.shard") / 1e9, 2)
+        out["peak_rss_mb_saved"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
         shard.close()
         del shard
         t0 = time.perf_counter()
         loaded, _ = Shard.load(f"{tmp}/s.shard", plan, f"{tmp}/s")
         loaded.prepare()
         out["restart_from_snapshot_s"] = round(time.perf_counter() - t0, 1)
+        out["peak_rss_mb_loaded"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+        out["rss_anon_mb_loaded"] = _rss_anon() // 2**20
         _, again = _probes(loaded, probe, 0, store=False)
         out["loaded_answers_like_live"] = bool(
             np.array_equal(again.distance, live.distance) and again.urls == live.urls
