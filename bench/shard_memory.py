@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 
-def _rss_anon() -> int:
+def rss_anon() -> int:
     """The process's resident anonymous memory now (RssAnon: its heap and arrays, not mapped files)."""
     with open("/proc/self/status") as f:
         for line in f:
@@ -51,7 +51,7 @@ def run(
     from streamdedup.pipeline.shard import Plan, Shard, ShardPlan
 
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    base_anon = _rss_anon()
+    base_anon = rss_anon()
     plan: Plan = ShardPlan(TableDesign.named(design), partitions=1)
     scheme = None
     if algorithm != "simhash":
@@ -84,7 +84,7 @@ def run(
         shard.prepare()  # (merges under way finished: what the shard holds, not a merge's output too)
         seconds = time.perf_counter() - t0
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        rss = _rss_anon()
+        rss = rss_anon()
         out = {
             "design": design if algorithm == "simhash" else "-",
             "pages_per_s": pages / seconds,

@@ -31,18 +31,11 @@ import tempfile
 import time
 
 import numpy as np
+from shard_memory import rss_anon as _rss_anon  # (bench/, the script's directory)
 
 from streamdedup.index.tables import TableDesign
 from streamdedup.pipeline.shard import WORKER_DESIGN, Shard, ShardPlan
 from streamdedup.pipeline.wire import ROW, Batch
-
-
-def _rss_anon() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def _urls(start: int, n: int, length: int) -> bytes:
