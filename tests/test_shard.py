@@ -370,3 +370,35 @@ def test_a_write_that_fails_after_the_strings_leaves_the_shard_as_it_was(tmp_pat
     assert len(shard) == len(twin)
     later = (fps[100:], fetched[100:], id_hash[100:], ids[100:])
     assert answer_all(shard, plan, *later) == answer_all(twin, plan, *later)
+
+
+def test_a_snapshot_of_the_format_before_the_row_files_still_loads(tmp_path):
+    """Snapshots written before the row columns moved to files kept them, and the strings' ends,
+    in the snapshot (the string file's checksum covered its data alone): such a snapshot loads,
+    its columns are written to the new files, and it answers as the shard it was taken from."""
+    import xxhash
+
+    from streamdedup.pipeline.snapshot_file import read_arrays, write_arrays
+
+    plan = ShardPlan(TableDesign.named("16"), 1)
+    fps, fetched, id_hash, ids = pages(17, 300)
+    live = Shard(plan, str(tmp_path / "s"))
+    answer_all(live, plan, fps[:200], fetched[:200], id_hash[:200], ids[:200])
+    live.save(tmp_path / "new.shard", {"offset": 3})
+    arrays, meta = read_arrays(tmp_path / "new.shard")
+    for g, store in live._groups.items():  # the same state, as the earlier format wrote it
+        heap = store.texts
+        arrays[f"g{g}.text_ends"] = np.asarray(heap.ends()).copy()
+        arrays[f"g{g}.text_check"] = np.array(xxhash.xxh64_intdigest(heap._digest()), dtype=np.uint64)
+        del arrays[f"g{g}.text_count"]
+        for name in ("fetched", "id_hash"):
+            arrays[f"g{g}.{name}"] = np.asarray(getattr(store, name).view()).copy()
+            del arrays[f"g{g}.{name}_check"]
+    write_arrays(tmp_path / "old.shard", arrays, meta)
+    expected = answer_all(live, plan, fps[200:], fetched[200:], id_hash[200:], ids[200:])
+    live.close()
+    for f in tmp_path.glob("s.g*.strings.*"):  # the earlier format had the string files only
+        f.unlink()
+    loaded, got_meta = Shard.load(tmp_path / "old.shard", plan, str(tmp_path / "s"))
+    assert got_meta == {"offset": 3}
+    assert answer_all(loaded, plan, fps[200:], fetched[200:], id_hash[200:], ids[200:]) == expected
