@@ -7,8 +7,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from streamdedup.index.strings import StringHeap
 from streamdedup.index.tables import TableDesign
-from streamdedup.pipeline.shard import Shard, ShardPlan, StringHeap
+from streamdedup.pipeline.shard import Shard, ShardPlan
 
 
 def pages(seed: int, n: int):

@@ -170,6 +170,11 @@ class HammingIndex:
         return self._n - self._dead
 
     @property
+    def rows(self) -> int:
+        """Rows numbered so far, removed ones included (as :attr:`BlockIndex.rows`)."""
+        return self._n
+
+    @property
     def table_nbytes(self) -> int:
         """Bytes held by the permuted tables (keys, rows and bucket directories)."""
         return sum(run.nbytes for run in self._runs)

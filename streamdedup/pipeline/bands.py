@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from streamdedup.index.bands import BandScheme, BandTable, tags
-from streamdedup.pipeline.shard import Answers, StringHeap, partition_of, texts_from_state, texts_state
+from streamdedup.index.strings import StringHeap, texts_from_state, texts_state
+from streamdedup.pipeline.shard import Answers, partition_of
 from streamdedup.pipeline.wire import Batch
 
 __all__ = ["BandPlan", "BandStore"]

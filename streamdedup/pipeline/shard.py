@@ -68,7 +68,7 @@ from streamdedup.index.tables import TableDesign
 from streamdedup.pipeline.snapshot_file import read_arrays, write_arrays
 from streamdedup.pipeline.wire import ANSWERS, CHECKS, PROBES, Batch, decode, kind_of
 
-__all__ = ["WORKER_DESIGN", "Plan", "Store", "ShardPlan", "Shard", "Answers", "StringHeap", "ShardStep", "shard_step"]
+__all__ = ["WORKER_DESIGN", "Plan", "Store", "ShardPlan", "Shard", "Answers", "ShardStep", "shard_step"]
 
 #: The worker's table design for k = 3 (``--design``): Manku's 4-table design, one table per
 #: shard group keyed by the group's block (a BlockIndex: 12 bytes an entry, no by-row column).
@@ -647,7 +647,7 @@ class _GroupStore:
             BlockIndex.from_state(index_state) if "mask" in index_state else HammingIndex.from_state(index_state)
         )
         # taken over, not copied: a snapshot's arrays are read fresh (snapshot_file)
-        rows = len(store.index.alive_rows())
+        rows = store.index.rows
         store.texts = texts_from_state(state, strings)
         try:
             store.fetched = _column_from_state("fetched", np.int64, state, rows, strings, ".fetched")
