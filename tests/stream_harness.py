@@ -34,6 +34,7 @@ __all__ = [
     "StreamTopics",
     "WorkerProcess",
     "produce",
+    "produce_and_kill",
     "read_all",
     "read_to_end",
     "wait_for_verdicts",
@@ -214,6 +215,58 @@ def produce(
             await p.stop()
 
     asyncio.run(run())
+
+
+def produce_and_kill(
+    kafka,
+    topics: StreamTopics,
+    worker: WorkerProcess,
+    records: list,
+    after: int,
+    partitions: list | None = None,
+    timeout: float = 90.0,
+) -> int:
+    """Produce ``records`` in one burst and SIGKILL ``worker`` as soon as ``after`` verdicts are
+    committed (counting those of earlier pages); returns how many were committed when the kill
+    was sent.
+
+    The verdicts are watched by a consumer that is reading before the first page is sent, so the
+    kill follows the ``after``-th verdict within one poll (50 ms), not after a consumer's start-up:
+    a fast worker would judge a few hundred pages in that time and the kill would land after the
+    stream, not in it.  Raises AssertionError if ``after`` verdicts do not come within ``timeout``.
+    """
+
+    async def run() -> int:
+        c = AIOKafkaConsumer(
+            topics.verdicts,
+            **kafka.client_kwargs(),
+            group_id=None,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            enable_auto_commit=False,
+            metadata_max_age_ms=1000,
+        )
+        await c.start()
+        try:
+            deadline = time.monotonic() + timeout
+            while not c.assignment():
+                assert time.monotonic() < deadline, "the verdicts topic was not assigned"
+                await asyncio.sleep(0.05)
+            # positions resolved (and what is there already counted) before the first page goes out
+            seen = sum(map(len, (await c.getmany(timeout_ms=100)).values()))
+            sent = asyncio.ensure_future(asyncio.to_thread(produce, kafka, topics.pages, records, None, partitions))
+            try:
+                while seen < after:
+                    assert time.monotonic() < deadline, f"{seen} verdicts within {timeout}s, waited for {after}"
+                    seen += sum(map(len, (await c.getmany(timeout_ms=50)).values()))
+                worker.kill()
+            finally:
+                await sent  # the burst is complete (or its error raised) before anything is asserted
+            return seen
+        finally:
+            await c.stop()
+
+    return asyncio.run(run())
 
 
 def read_all(kafka, topics: list[str], until: Any, timeout: float = 60.0) -> dict[str, list]:

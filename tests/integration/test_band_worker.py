@@ -20,6 +20,7 @@ from stream_harness import (
     page_record,
     post_check,
     produce,
+    produce_and_kill,
     wait_for_group,
     wait_for_verdicts,
 )
@@ -85,16 +86,14 @@ def test_two_workers_pairs_split_in_one_burst_then_a_sigkill(kafka, tmp_path):
     flag per pair."""
     records, pairs = planted(seed=32, n_pairs=120, n_alone=60)
     topics = StreamTopics.fresh(kafka, partitions=4)
-    env = {"STREAMDEDUP_ALGORITHM": "minhash"}
+    env = {"STREAMDEDUP_ALGORITHM": "minhash", "STREAMDEDUP_BATCH_SIZE": "20"}  # many transactions
     procs = [WorkerProcess(kafka, topics, tmp_path, name=f"w{i}", env=env) for i in range(2)]
     try:
         for w in procs:
             w.start(timeout=90)
         wait_for_group(kafka, topics.app_id, 2, timeout=90)
-        produce(kafka, topics.pages, records, partitions=split(records, pairs))
-        before = wait_for_verdicts(kafka, topics, 30, timeout=90, to_end=False)
-        procs[0].kill()
-        assert sum(map(len, before["verdicts"].values())) < len(records), "the kill did not land mid-stream"
+        judged_before = produce_and_kill(kafka, topics, procs[0], records, 30, partitions=split(records, pairs))
+        assert judged_before < len(records), "the kill did not land mid-stream"
         procs[0].start(timeout=90)
         out = wait_for_verdicts(kafka, topics, len(records), timeout=240)
     finally:

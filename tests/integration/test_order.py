@@ -12,7 +12,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from pairs import exactly_one_of_each_pair, judged_once, scan_verdicts, split
-from stream_harness import StreamTopics, WorkerProcess, page_record, produce, wait_for_group, wait_for_verdicts
+from stream_harness import (
+    StreamTopics,
+    WorkerProcess,
+    page_record,
+    produce,
+    produce_and_kill,
+    wait_for_group,
+    wait_for_verdicts,
+)
 
 from streamdedup.pipeline.intake import fingerprint_contents
 from streamdedup.stream.app import FAULT_ENV
@@ -99,16 +107,15 @@ def test_pairs_split_across_partitions_survive_a_sigkill(kafka, tmp_path):
     (replayed pages keep the place of their first insert in the shards)."""
     records, pairs = planted(seed=21, n_pairs=200, n_alone=200)
     topics = StreamTopics.fresh(kafka, partitions=4)
-    procs = [WorkerProcess(kafka, topics, tmp_path, name=f"w{i}") for i in range(2)]
+    env = {"STREAMDEDUP_BATCH_SIZE": "20"}  # many transactions: the kill finds some not yet committed
+    procs = [WorkerProcess(kafka, topics, tmp_path, name=f"w{i}", env=env) for i in range(2)]
     try:
         for w in procs:
             w.start(timeout=90)
         wait_for_group(kafka, topics.app_id, 2, timeout=90)
         partitions = split(records, pairs)
-        produce(kafka, topics.pages, records, partitions=partitions)
-        before = wait_for_verdicts(kafka, topics, 40, timeout=90, to_end=False)
-        procs[0].kill()
-        assert sum(map(len, before["verdicts"].values())) < len(records), "the kill did not land mid-stream"
+        judged_before = produce_and_kill(kafka, topics, procs[0], records, 40, partitions=partitions)
+        assert judged_before < len(records), "the kill did not land mid-stream"
         procs[0].start(timeout=90)
         out = wait_for_verdicts(kafka, topics, len(records), timeout=240)
     finally:

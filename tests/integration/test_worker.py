@@ -29,6 +29,7 @@ from stream_harness import (
     page_record,
     post_check,
     produce,
+    produce_and_kill,
     wait_for_group,
     wait_for_verdicts,
 )
@@ -189,10 +190,7 @@ def test_sigkill_mid_stream_then_restart(kafka, tmp_path):
         produce(kafka, topics.pages, first)
         assert n_verdicts(wait_for_verdicts(kafka, topics, len(first))) == len(first)
         # the rest in one go; kill the worker once some, not all, of it is judged
-        produce(kafka, topics.pages, rest)
-        out = wait_for_verdicts(kafka, topics, len(first) + 20, timeout=60, to_end=False)
-        worker.kill()
-        judged_before = n_verdicts(out)
+        judged_before = produce_and_kill(kafka, topics, worker, rest, len(first) + 20)
         assert len(first) < judged_before < len(first) + len(rest), "the kill did not land mid-stream"
         worker.start(timeout=90)  # same group, same data dir: recovers the shards, resumes
         total = len(first) + len(rest)
