@@ -75,6 +75,11 @@ class FileArray:
         """Resident bytes: none (the values are in the file and the page cache)."""
         return 0
 
+    @property
+    def file_bytes(self) -> int:
+        """Bytes of the file (its values)."""
+        return self.n * self.dtype.itemsize
+
     def _write(self, fd: int, data: np.ndarray, at: int) -> None:
         view = memoryview(np.ascontiguousarray(data, dtype=self.dtype).view(np.uint8).tobytes())
         while len(view):  # (a write may be short)

@@ -132,6 +132,10 @@ class BandStore:
     def nbytes(self) -> int:
         return self.table.nbytes + self.texts.nbytes
 
+    @property
+    def file_bytes(self) -> int:
+        return self.texts.file_bytes
+
     def _split(self, extra: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if extra is None:
             raise ValueError("a band probe without its band keys")
