@@ -150,6 +150,22 @@ def test_checks_answer_without_storing():
     assert (looked.rank[0] >= 0) == bool(keys[0, 0] == keys[1, 0])
 
 
+def test_a_table_finds_candidates_by_the_tag_its_later_bands_compare():
+    """Two keys with equal low 32 bits are one key to a table, as to the earlier-band tags of the
+    rows of later bands (module doc): the rule's "agree on this band" is the same in both places."""
+    scheme = SCHEMES["minhash"]
+    sigs, fps = twins(np.random.default_rng(9), scheme, 1)
+    _, sketch = scheme.split(scheme.extra(sigs))
+    low = np.uint64(0x1234_5678)
+    keys = np.array([(np.uint64(7) << np.uint64(32)) | low, (np.uint64(9) << np.uint64(32)) | low], np.uint64)
+    h = np.array([hash_id("a"), hash_id("b")], dtype=np.uint64)
+    table = BandTable(scheme, 1)
+    earlier = np.array([[1], [2]], np.uint32)  # band 0 differs: band 1 is canonical
+    found = table.judge(keys, fps, h, sketch, earlier)
+    assert found.row.tolist() == [-1, 0] and tags(keys)[0] == tags(keys)[1]
+    assert table.keys().dtype == np.uint32
+
+
 @pytest.mark.parametrize("verify", ["minhash", "combined"])
 def test_band_columns_in_files_answer_like_columns_in_memory_and_are_not_resident(tmp_path, verify):
     """With row files (the worker's way), only the band keys stay in memory; the simhash, id
@@ -284,9 +300,10 @@ def test_lookups_through_the_sorted_runs_equal_a_scan_of_every_key():
         probes = keys[rng.integers(0, at, 50)]
         q, row = table.lookup(probes)
         got = sorted(zip(q.tolist(), row.tolist()))
-        want = sorted((i, r) for i, k in enumerate(probes.tolist()) for r in np.flatnonzero(keys[:at] == k).tolist())
+        stored = tags(keys[:at])  # a table compares the keys' tags (their low 32 bits)
+        want = sorted((i, r) for i, k in enumerate(tags(probes).tolist()) for r in np.flatnonzero(stored == k).tolist())
         assert got == want
-    assert (table.keys() == keys).all()
+    assert (table.keys() == tags(keys)).all()
     assert len(table) == len(keys)
 
 
