@@ -73,13 +73,14 @@ def twins(rng: np.random.Generator, scheme: BandScheme, n_pairs: int):
     return np.array(sigs), np.array(fps, dtype=np.uint64)
 
 
-def sharded(plan: BandPlan, sigs, fps, ids, orders, batch: int):
+def sharded(plan: BandPlan, sigs, fps, ids, orders, batch: int, files=None):
     """Each shard partition stores and answers its probes in ``orders[s]``, in batches; a page's
-    match is the best answer over bands (lowest rank, then lowest band), as Pending keeps it."""
+    match is the best answer over bands (lowest rank, then lowest band), as Pending keeps it.
+    ``files``: a directory for the shards' row files (else in memory)."""
     extra = plan.scheme.extra(sigs)
     dest = plan.probes(fps, extra)
     id_hash = np.array([hash_id(x) for x in ids], dtype=np.uint64)
-    shards = [Shard(plan) for _ in range(plan.partitions)]
+    shards = [Shard(plan, None if files is None else str(files / f"s{s}")) for s in range(plan.partitions)]
     best: list = [None] * len(fps)
     for s, order in enumerate(orders):
         order = np.array([i for i in order if (dest[i] == s).any()], dtype=np.int64)
@@ -149,10 +150,78 @@ def test_checks_answer_without_storing():
     assert (looked.rank[0] >= 0) == bool(keys[0, 0] == keys[1, 0])
 
 
+def test_a_table_finds_candidates_by_the_tag_its_later_bands_compare():
+    """Two keys with equal low 32 bits are one key to a table, as to the earlier-band tags of the
+    rows of later bands (module doc): the rule's "agree on this band" is the same in both places."""
+    scheme = SCHEMES["minhash"]
+    sigs, fps = twins(np.random.default_rng(9), scheme, 1)
+    _, sketch = scheme.split(scheme.extra(sigs))
+    low = np.uint64(0x1234_5678)
+    keys = np.array([(np.uint64(7) << np.uint64(32)) | low, (np.uint64(9) << np.uint64(32)) | low], np.uint64)
+    h = np.array([hash_id("a"), hash_id("b")], dtype=np.uint64)
+    table = BandTable(scheme, 1)
+    earlier = np.array([[1], [2]], np.uint32)  # band 0 differs: band 1 is canonical
+    found = table.judge(keys, fps, h, sketch, earlier)
+    assert found.row.tolist() == [-1, 0] and tags(keys)[0] == tags(keys)[1]
+    assert table.keys().dtype == np.uint32
+
+
+@pytest.mark.parametrize("verify", ["minhash", "combined"])
+def test_band_columns_in_files_answer_like_columns_in_memory_and_are_not_resident(tmp_path, verify):
+    """With row files (the worker's way), only the band keys stay in memory; the simhash, id
+    hash, earlier tags, sketch, id and URL of a row are read from files for the candidates."""
+    rng = np.random.default_rng(21)
+    scheme = SCHEMES[verify]
+    plan = BandPlan(scheme, 2)
+    sigs, fps = twins(rng, scheme, 150)
+    ids = [f"{'ab'[i % 2]}{i // 2}" for i in range(300)]
+    orders = [rng.permutation(300).tolist() for _ in range(2)]
+    ram, ram_shards = sharded(plan, sigs, fps, ids, orders, 7)
+    disk, disk_shards = sharded(plan, sigs, fps, ids, orders, 7, files=tmp_path)
+    assert disk == ram and sum(b is not None for b in disk) == 150
+    suffixes = {"", ".ends", ".fps", ".id_hash", ".sketch", ".tags"}
+    names = {p.name for p in tmp_path.iterdir()}
+    assert names == {f"s{s}.g{g}.strings{x}" for s in range(2) for g in range(scheme.bands) for x in suffixes} - {
+        f"s{s}.g0.strings.tags"
+        for s in range(2)  # (band 0 has no earlier bands)
+    }
+    assert sum(sh.file_bytes for sh in disk_shards) == sum(p.stat().st_size for p in tmp_path.iterdir())
+    rows = sum(len(sh) for sh in disk_shards)
+    assert rows == sum(len(sh) for sh in ram_shards) > 0
+    resident = sum(sh.nbytes for sh in disk_shards)
+    # the keys (8 bytes) and row numbers (4 bytes) of the sorted runs, and the unsorted tail's keys
+    assert resident <= 12 * rows + sum(8 * 4096 * scheme.bands for _ in disk_shards)
+    assert resident < sum(sh.nbytes for sh in ram_shards) / 4
+
+
+@pytest.mark.parametrize("damage", ["missing", "short", "foreign"])
+@pytest.mark.parametrize("suffix", [".fps", ".sketch", ".tags"])
+def test_a_missing_damaged_or_foreign_band_file_is_refused(tmp_path, damage, suffix):
+    scheme = SCHEMES["minhash"]
+    plan = BandPlan(scheme, 1)
+    sigs, fps = twins(np.random.default_rng(22), scheme, 40)
+    ids = [f"p{i}" for i in range(80)]
+    _, (shard,) = sharded(plan, sigs, fps, ids, [list(range(80))], 10, files=tmp_path)
+    shard.save(tmp_path / "s.shard")
+    shard.close()
+    f = tmp_path / f"s0.g3.strings{suffix}"
+    if damage == "missing":
+        f.unlink()
+    elif damage == "short":
+        f.write_bytes(f.read_bytes()[:-10])
+    else:  # the same length, other bytes
+        f.write_bytes(bytes(reversed(f.read_bytes())))
+    why = {"missing": "cannot open the column file", "short": "is shorter", "foreign": "does not hold"}[damage]
+    with pytest.raises(ValueError, match=why):
+        Shard.load(tmp_path / "s.shard", plan, str(tmp_path / "s0"))
+
+
 @pytest.mark.parametrize("algorithm", ["minhash", "combined"])
-def test_a_snapshot_and_a_changelog_replay_rebuild_the_same_shard(tmp_path, algorithm):
+@pytest.mark.parametrize("files", ["memory", "files", "memory snapshot into files"])
+def test_a_snapshot_and_a_changelog_replay_rebuild_the_same_shard(tmp_path, algorithm, files):
     """What recovery does: a shard restored from its changelog rows, or loaded from its
-    snapshot, answers a later probe exactly as the shard that stored the pages."""
+    snapshot, answers a later probe exactly as the shard that stored the pages; with row files,
+    and a snapshot of a shard in memory (as before row files) loaded into files."""
     scheme = SCHEMES[algorithm]
     plan = BandPlan(scheme, 1)
     rng = np.random.default_rng(5)
@@ -162,7 +231,8 @@ def test_a_snapshot_and_a_changelog_replay_rebuild_the_same_shard(tmp_path, algo
     h = np.array([hash_id(x) for x in ids], dtype=np.uint64)
     band = np.tile(np.arange(scheme.bands), 30)
     first = np.repeat(np.arange(0, 60, 2), scheme.bands)  # the a pages, every band
-    shard = Shard(plan)
+    live = None if files == "memory" else str(tmp_path / "live")
+    shard = Shard(plan, None if files != "files" else live)
     ans = shard.probe_and_insert(
         band, fps[first], np.zeros(len(first), np.int64), h[first], [ids[i] for i in first], [ids[i] for i in first],
         extra=extra[first],
@@ -171,10 +241,10 @@ def test_a_snapshot_and_a_changelog_replay_rebuild_the_same_shard(tmp_path, algo
         group=band, fps=fps[first], fetched=0, id_hash=h[first], ids=[ids[i] for i in first],
         urls=[ids[i] for i in first], extra=extra[first],
     ).select(ans.stored)  # fmt: skip
-    replayed = Shard(plan)
+    replayed = Shard(plan, None if files == "memory" else str(tmp_path / "replayed"))
     replayed.restore(decode([encode(stored, CHANGELOG)], CHANGELOG))
     shard.save(tmp_path / "s.shard", {"offset": 1})
-    loaded, meta = Shard.load(tmp_path / "s.shard", plan)
+    loaded, meta = Shard.load(tmp_path / "s.shard", plan, live)
     assert meta == {"offset": 1}
     second = first + 1  # the b pages: each finds its a in its canonical band
     want = None
@@ -230,9 +300,10 @@ def test_lookups_through_the_sorted_runs_equal_a_scan_of_every_key():
         probes = keys[rng.integers(0, at, 50)]
         q, row = table.lookup(probes)
         got = sorted(zip(q.tolist(), row.tolist()))
-        want = sorted((i, r) for i, k in enumerate(probes.tolist()) for r in np.flatnonzero(keys[:at] == k).tolist())
+        stored = tags(keys[:at])  # a table compares the keys' tags (their low 32 bits)
+        want = sorted((i, r) for i, k in enumerate(tags(probes).tolist()) for r in np.flatnonzero(stored == k).tolist())
         assert got == want
-    assert (table.keys() == keys).all()
+    assert (table.keys() == tags(keys)).all()
     assert len(table) == len(keys)
 
 

@@ -250,6 +250,21 @@ def test_compaction_returns_the_memory_of_expired_pages():
     assert max(sizes[40:]) <= max(sizes[:20]) * 1.5  # bounded: no growth with the crawl's length
 
 
+def test_compaction_cuts_the_row_files_of_expired_pages(tmp_path):
+    """With the rows in files, compaction rewrites them: the bytes on disk (the
+    streamdedup_shard_file_bytes gauge, equal to the files' sizes) stay bounded too."""
+    w = Worker(strings=str(tmp_path / "s"))
+    rng = np.random.default_rng(6)
+    sizes = []
+    for b in range(60):
+        t = T0 + b * (R // 8)
+        w.judge([(f"{b}-{i}", int(x), t) for i, x in enumerate(rng.integers(0, 2**63, size=200))], now=t)
+        on_disk = sum(p.stat().st_size for p in tmp_path.iterdir())
+        assert sum(sh.file_bytes for sh in w.shards.values()) == on_disk
+        sizes.append(on_disk)
+    assert max(sizes[40:]) <= max(sizes[:20]) * 1.5 and sizes[-1] > 0
+
+
 def test_an_index_that_keeps_some_rows_answers_as_one_built_from_them():
     rng = np.random.default_rng(11)
     fps = rng.integers(0, 2**64 - 1, 3000, dtype=np.uint64, endpoint=True)

@@ -254,6 +254,9 @@ def test_strings_in_files_answer_like_strings_in_memory_and_are_not_resident(tmp
     assert disk.nbytes == sum(g.index.nbytes for g in disk._groups.values()) + disk._records.nbytes
     saved = sum(g.texts.size + 8 * 4 * len(g.id_hash) for g in ram._groups.values())
     assert ram.nbytes - disk.nbytes >= saved > 0
+    # the gauge of the files (streamdedup_shard_file_bytes) is what they hold on disk
+    assert disk.file_bytes == sum(p.stat().st_size for p in tmp_path.iterdir()) > 0
+    assert ram.file_bytes == 0
 
 
 def test_a_snapshot_with_string_files_answers_like_the_shard_it_was_taken_from(tmp_path):

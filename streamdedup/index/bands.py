@@ -15,7 +15,11 @@ if the candidate was stored before it in the canonical band's table.  A row of b
 keeps 32-bit tags (the low bits of its keys) of bands ``0..j-1``, so the table can tell that
 no earlier band agrees: then, for every candidate pair, exactly one of the two is flagged,
 whatever the arrival order and the partitions (up to a 32-bit tag collision on a band whose
-keys differ, about 2**-32 per earlier band).
+keys differ, about 2**-32 per earlier band).  A table keeps the same 32-bit tag of its own band's
+key, not all 64 bits, and finds candidates by it: "agree on a band" means "equal tags" in both
+places, so the rule stays consistent, at 4 bytes a row and band instead of 8.  (The full key
+still routes the probe.  A tag shared by two of a table's keys only adds a candidate, which the
+sketch then checks: about one a probe in 400 at 10 M rows a table.)
 
 **Verification.**  The candidate's *sketch*, the low 4 bits of the signature values outside
 the bands, two to a byte (b-bit minwise hashing, Li & Koenig 2010), is compared with the
@@ -44,12 +48,15 @@ import numpy as np
 from streamdedup.fingerprinting.features import mix64
 from streamdedup.fingerprinting.simhash import hamming_many
 from streamdedup.index.arrays import GrowingArray
+from streamdedup.index.file_array import FileArray
 from streamdedup.index.lsh import _Run, s_curve
 
 __all__ = ["VERIFIERS", "BandScheme", "BandTable", "BandMatches"]
 
 VERIFIERS = ("minhash", "combined")
+Column = GrowingArray | FileArray  # a column held in memory or in a file
 _U64 = np.uint64
+_KEY = np.uint32  # a table keeps the low 32 bits of its band's keys: their tags
 _BAND_SALT = np.uint64(0xBA9D_5A17_0F15_EED5)
 _MUL = np.uint64(0x9E3779B97F4A7C15)
 _SKETCH_BITS = 4
@@ -216,25 +223,52 @@ class BandMatches:
 
 
 class BandTable:
-    """The pages stored in one band (of one shard): their band keys, simhash, id hash, the tags
-    of their earlier bands' keys and their sketch.  Rows are numbered in store order.
+    """The pages stored in one band (of one shard): their band keys' tags, simhash, id hash, the
+    tags of their earlier bands' keys and their sketch.  Rows are numbered in store order.
 
     Keys are found as in :class:`~streamdedup.index.lsh.LSHIndex`: sorted runs (``base``, and
     ``mid`` for recent rows, merged into base past 16 * sqrt(base) rows: O(sqrt n) key moves per
     insert, amortised) plus an unsorted tail of the newest keys.  The runs are the only copy of
-    the keys.
+    the keys' tags (32 bits, module doc), 12 bytes a row with the row number: with a ``path``,
+    the only part of a row held in memory.
     """
 
-    def __init__(self, scheme: BandScheme, band: int) -> None:
+    def __init__(self, scheme: BandScheme, band: int, path: str | None = None) -> None:
         if not 0 <= band < scheme.bands:
             raise ValueError(f"band {band} is not one of the scheme's {scheme.bands}")
-        self.scheme, self.band = scheme, band
-        self.fps, self.id_hash = GrowingArray(_U64), GrowingArray(_U64)
-        self.tags = GrowingArray(np.uint32, (band,))
-        self.sketch = GrowingArray(np.uint8, (scheme.sketch_bytes,))
-        self._base, self._mid = _Run.empty(), _Run.empty()
-        self._tail = GrowingArray(_U64)  # the keys of the newest rows, unsorted
-        self.times: GrowingArray | None = None  # fetch times, kept only under a retention (timed())
+        self.scheme, self.band, self.path = scheme, band, path
+        self.fps, self.id_hash = self._column("fps", _U64), self._column("id_hash", _U64)
+        self.tags = self._column("tags", np.uint32, (band,))
+        self.sketch = self._column("sketch", np.uint8, (scheme.sketch_bytes,))
+        self._base, self._mid = _Run.empty(_KEY), _Run.empty(_KEY)
+        self._tail = GrowingArray(_KEY)  # the keys of the newest rows, unsorted
+        self.times: Column | None = None  # fetch times, kept only under a retention (timed())
+
+    # Only the keys (in the runs) are read for every probe; the other columns only for the rows
+    # whose key equals a probe's.  With a ``path`` they live in files beside it (``path.fps``,
+    # ``.id_hash``, ``.tags``, ``.sketch``, ``.fetched``; :class:`FileArray`), not in memory.
+    _SUFFIX = {"fps": ".fps", "id_hash": ".id_hash", "tags": ".tags", "sketch": ".sketch", "times": ".fetched"}
+
+    def _column(self, name: str, dtype: type, shape: tuple[int, ...] = ()) -> Column:
+        if self.path is None or 0 in shape:  # (band 0 has no earlier tags: nothing to keep)
+            return GrowingArray(dtype, shape)
+        return FileArray(dtype, self.path + self._SUFFIX[name], shape)
+
+    def _columns(self) -> dict[str, Column]:
+        out = {"fps": self.fps, "id_hash": self.id_hash, "tags": self.tags, "sketch": self.sketch}
+        if self.times is not None:
+            out["times"] = self.times
+        return out
+
+    @property
+    def file_bytes(self) -> int:
+        """Bytes of the column files (0 in memory)."""
+        return sum(c.file_bytes for c in self._columns().values() if isinstance(c, FileArray))
+
+    def close(self) -> None:
+        for c in self._columns().values():
+            if isinstance(c, FileArray):
+                c.close()
 
     def timed(self) -> None:
         """Keep each row's fetch time from now on (a retention expires rows by it).  ValueError if
@@ -242,12 +276,23 @@ class BandTable:
         if self.times is None:
             if len(self):
                 raise ValueError("the band table holds rows without their fetch times (written without a retention)")
-            self.times = GrowingArray(np.int64)
+            self.times = self._column("times", np.int64)
 
     def keep_rows(self, rows: np.ndarray) -> None:
         """Keep only ``rows`` (ascending), renumbered in their order, in fresh arrays (the runs
-        are sorted again)."""
+        are sorted again).  Column files are rewritten one by one, each replaced whole."""
         rows = np.asarray(rows, dtype=np.int64)
+        if self.path is not None:
+            keys = self.keys()[rows]
+            for name, col in self._columns().items():
+                if isinstance(col, FileArray):
+                    col.keep(rows)
+                else:
+                    setattr(self, name, GrowingArray.of(col.view()[rows]))
+            self._base, self._mid, self._tail = _Run.empty(_KEY), _Run.empty(_KEY), GrowingArray(_KEY)
+            self._tail.extend(keys)
+            self.prepare()
+            return
         keys, fps, ids = self.keys()[rows], self.fps.view()[rows], self.id_hash.view()[rows]
         earlier, sketch = self.tags.view()[rows], self.sketch.view()[rows]
         times = None if self.times is None else self.times.view()[rows]
@@ -273,26 +318,72 @@ class BandTable:
         return sum(c.nbytes for c in cols) + self._base.nbytes + self._mid.nbytes
 
     def keys(self) -> np.ndarray:
-        """Every row's key, in row order (a new array)."""
-        out = np.empty(len(self), dtype=_U64)
+        """Every row's key as stored (its tag: the low 32 bits), in row order (a new array)."""
+        out = np.empty(len(self), dtype=_KEY)
         for run in (self._base, self._mid):
             out[run.rows] = run.keys
         out[len(self) - len(self._tail) :] = self._tail.view()
         return out
 
+    _STATE = {"fps": "fps", "id_hash": "id_hash", "tags": "tags", "sketch": "sketch", "times": "fetched"}
+
     def state(self) -> dict[str, np.ndarray]:
-        out = {"keys": self.keys(), "fps": self.fps.view(), "id_hash": self.id_hash.view(), "tags": self.tags.view()}
-        out["sketch"] = self.sketch.view()
-        if self.times is not None:
-            out["fetched"] = self.times.view()
+        """The keys, and each column's values, or (a column in a file) the file's checksum
+        ``<name>_check``: the file itself is kept beside the snapshot."""
+        out = {"keys": self.keys()}
+        for name, col in self._columns().items():
+            key = self._STATE[name]
+            if isinstance(col, FileArray):
+                out[f"{key}_check"] = np.array(col.checksum(), dtype=np.uint64)
+            else:
+                out[key] = col.view()
         return out
 
     @classmethod
-    def from_state(cls, scheme: BandScheme, band: int, state: dict[str, np.ndarray]) -> BandTable:
-        table = cls(scheme, band)
-        if "fetched" in state:
-            table.timed()
-        table.add(state["keys"], state["fps"], state["id_hash"], state["sketch"], state["tags"], state.get("fetched"))
+    def from_state(
+        cls, scheme: BandScheme, band: int, state: dict[str, np.ndarray], path: str | None = None
+    ) -> BandTable:
+        """The table :meth:`state` describes, its columns in memory or (``path``) in files: a
+        snapshot's values are written to new files; files a snapshot describes are reopened, cut
+        to its rows and checked (ValueError if one is missing, short or holds other values)."""
+        keys = tags(state["keys"])  # (snapshots before 32-bit keys kept all 64 bits)
+        if path is None and "fps" not in state:
+            raise ValueError("the band snapshot keeps its columns in files, and no string file was given")
+        if path is None or all(key in state for key in ("fps", "id_hash", "sketch")):  # values in the snapshot
+            table = cls(scheme, band, path)
+            if "fetched" in state:
+                table.timed()
+            table.add(keys, state["fps"], state["id_hash"], state["sketch"], state["tags"], state.get("fetched"))
+            table.prepare()
+            return table
+        table = cls.__new__(cls)
+        table.scheme, table.band, table.path = scheme, band, path
+        table._base, table._mid, table._tail = _Run.empty(_KEY), _Run.empty(_KEY), GrowingArray(_KEY)
+        table.times = None
+        shapes = {"fps": (), "id_hash": (), "tags": (band,), "sketch": (scheme.sketch_bytes,), "times": ()}
+        dtypes = {"fps": _U64, "id_hash": _U64, "tags": np.uint32, "sketch": np.uint8, "times": np.int64}
+        opened: list[FileArray] = []
+        try:
+            for name, key in cls._STATE.items():
+                if name == "times" and "fetched_check" not in state and "fetched" not in state:
+                    continue
+                if key in state:  # (band 0's empty tags)
+                    col: Column = GrowingArray.of(
+                        np.asarray(state[key], dtype=dtypes[name]).reshape(len(keys), *shapes[name])
+                    )
+                else:
+                    col = FileArray.open(
+                        dtypes[name], path + cls._SUFFIX[name], len(keys), int(state[f"{key}_check"]), shapes[name]
+                    )
+                    opened.append(col)
+                if len(col) != len(keys):
+                    raise ValueError(f"the band snapshot's {key} column has {len(col)} rows, not {len(keys)}")
+                setattr(table, name, col)
+        except BaseException:
+            for c in opened:
+                c.close()
+            raise
+        table._tail.extend(keys)
         table.prepare()
         return table
 
@@ -309,13 +400,19 @@ class BandTable:
         ``fetched``: their fetch times (kept if the table is :meth:`timed`)."""
         if len(self) + len(keys) >= 2**31:
             raise ValueError("a band table holds fewer than 2**31 rows; use more shard partitions")
-        self.fps.extend(np.asarray(fps, dtype=_U64))
-        self.id_hash.extend(np.asarray(id_hash, dtype=_U64))
-        self.tags.extend(np.asarray(earlier, dtype=np.uint32).reshape(len(keys), self.band))
-        self.sketch.extend(np.asarray(sketch, dtype=np.uint8).reshape(len(keys), self.scheme.sketch_bytes))
-        if self.times is not None:
-            self.times.extend(np.zeros(len(keys), np.int64) if fetched is None else np.asarray(fetched, np.int64))
-        self._tail.extend(np.asarray(keys, dtype=_U64))
+        start = len(self)
+        try:  # all or, if a write fails (a full disk), none of the columns
+            self.fps.extend(np.asarray(fps, dtype=_U64))
+            self.id_hash.extend(np.asarray(id_hash, dtype=_U64))
+            self.tags.extend(np.asarray(earlier, dtype=np.uint32).reshape(len(keys), self.band))
+            self.sketch.extend(np.asarray(sketch, dtype=np.uint8).reshape(len(keys), self.scheme.sketch_bytes))
+            if self.times is not None:
+                self.times.extend(np.zeros(len(keys), np.int64) if fetched is None else np.asarray(fetched, np.int64))
+        except BaseException:
+            for col in self._columns().values():
+                col.truncate(start)
+            raise
+        self._tail.extend(tags(keys))
         if len(self._tail) > _TAIL_MAX:
             self._fold()
 
@@ -329,13 +426,14 @@ class BandTable:
         order = np.argsort(tail, kind="stable")
         start = len(self) - len(tail)
         self._mid = self._mid.merged(tail[order], (start + order).astype(np.int32))
-        self._tail = GrowingArray(_U64)
+        self._tail = GrowingArray(_KEY)
         if len(self._mid) > max(_MID_MIN, 16 * math.isqrt(len(self._base))):
-            self._base, self._mid = self._base.merged(self._mid.keys, self._mid.rows), _Run.empty()
+            self._base, self._mid = self._base.merged(self._mid.keys, self._mid.rows), _Run.empty(_KEY)
 
     def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(probe, row) for every stored row whose key equals a probe's."""
-        keys = np.asarray(keys, dtype=_U64)
+        """(probe, row) for every stored row whose key equals a probe's (on the low 32 bits, as
+        the tags of earlier bands compare: module doc)."""
+        keys = tags(keys)
         qs, rows = [], []
         for run in (self._base, self._mid):
             q, row = run.lookup(keys)
@@ -421,7 +519,7 @@ class BandTable:
                 )
                 # and the batch against its own new pages (rows start.., in order): no second
                 # lookup of the stored ones
-                q2, i2 = _equal_pairs(keys[new_idx], keys)
+                q2, i2 = _equal_pairs(tags(keys[new_idx]), tags(keys))
                 q, row = np.concatenate((q, q2)), np.concatenate((row, start + i2))
         # the rule: stored before the probe, another id, and this band is the pair's canonical one
         keep = (row < pos[q]) & (self.id_hash.view()[row] != id_hash[q])

@@ -146,6 +146,7 @@ def _choose_bands(threshold: float, num_perm: int, fp_weight: float, fn_weight: 
 
 class _Run:
     """Band keys sorted ascending with their row numbers, and (when large) a bucket directory.
+    Keys of one unsigned dtype (64-bit here; :class:`~streamdedup.index.bands.BandTable` keeps 32).
 
     ``dir[v]`` is the first position whose key's top ``bits`` bits are >= v, with about four
     keys per bucket: a lookup reads two directory entries and a few keys instead of the
@@ -161,8 +162,8 @@ class _Run:
         self._shift = 64
 
     @classmethod
-    def empty(cls) -> _Run:
-        return cls(np.empty(0, dtype=_U64), np.empty(0, dtype=np.int32))
+    def empty(cls, dtype: type = _U64) -> _Run:
+        return cls(np.empty(0, dtype=dtype), np.empty(0, dtype=np.int32))
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -176,10 +177,12 @@ class _Run:
         if len(self.keys) >= self.DIRECTORY_MIN:
             if self._dir is None:
                 bits = max(1, (len(self.keys) // 4).bit_length())
-                self._shift = 64 - bits
-                counts = np.bincount((self.keys >> _U64(self._shift)).astype(np.intp), minlength=1 << bits)
+                self._shift = 8 * self.keys.dtype.itemsize - bits
+                counts = np.bincount(
+                    (self.keys >> self.keys.dtype.type(self._shift)).astype(np.intp), minlength=1 << bits
+                )
                 self._dir = np.concatenate([[0], np.cumsum(counts)])
-            bucket = (needles >> _U64(self._shift)).astype(np.intp)
+            bucket = (needles >> self.keys.dtype.type(self._shift)).astype(np.intp)
             which = np.arange(len(needles))
             lo, cnt = self._dir[bucket], self._dir[bucket + 1] - self._dir[bucket]
         else:
@@ -201,7 +204,7 @@ class _Run:
         pos = np.searchsorted(self.keys, keys, "right") + np.arange(len(keys))
         new = np.zeros(len(self.keys) + len(keys), dtype=bool)
         new[pos] = True
-        out_k, out_r = np.empty(len(new), dtype=_U64), np.empty(len(new), dtype=np.int32)
+        out_k, out_r = np.empty(len(new), dtype=self.keys.dtype), np.empty(len(new), dtype=np.int32)
         out_k[pos], out_r[pos] = keys, rows
         out_k[~new], out_r[~new] = self.keys, self.rows
         return _Run(out_k, out_r)

@@ -84,6 +84,11 @@ class StringHeap:
         """Resident bytes (a file-backed heap's data and ends are not resident)."""
         return len(self._data) + self._mem_ends.nbytes
 
+    @property
+    def file_bytes(self) -> int:
+        """Bytes in files (the data and the ends file); 0 for a heap held in memory."""
+        return 0 if self._file_ends is None else self._size + self._file_ends.file_bytes
+
     def extend(self, values: list[str]) -> None:
         encoded = [v.encode("utf-8", "surrogatepass") for v in values]
         self.extend_raw(b"".join(encoded), np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))

@@ -68,22 +68,27 @@ class BandPlan:
     def store_from_state(self, group: int, state: dict[str, np.ndarray], strings: str | None) -> BandStore:
         store = BandStore.__new__(BandStore)
         store.band = group
-        store.table = BandTable.from_state(
-            self.scheme, group, {k[6:]: v for k, v in state.items() if k.startswith("table.")}
-        )
         store.texts = texts_from_state(state, strings)
+        try:
+            store.table = BandTable.from_state(
+                self.scheme, group, {k[6:]: v for k, v in state.items() if k.startswith("table.")}, strings
+            )
+        except BaseException:
+            store.texts.close()
+            raise
         return store
 
 
 class BandStore:
     """One band's pages in one shard: the band table, and what an answer tells of each stored
-    page (its id and URL, in a string heap, read only for the matches reported).  The match's
+    page (its id and URL, in a string heap, read only for the matches reported).  With a string
+    file, the table's columns other than the keys are in files beside it too.  The match's
     fetch time is not reported (no output carries it; the order is the store order): an
     answer's ``fetched`` is 0; the table keeps the rows' fetch times only under a retention."""
 
     def __init__(self, scheme: BandScheme, band: int, strings: str | None = None) -> None:
         self.band = band
-        self.table = BandTable(scheme, band)
+        self.table = BandTable(scheme, band, strings)
         self.texts = StringHeap(strings)  # id of row r at 2r ("" when it is the url), its url at 2r + 1
 
     # With a retention (:mod:`streamdedup.pipeline.shard`): the table keeps each row's fetch time,
@@ -127,10 +132,15 @@ class BandStore:
 
     def close(self) -> None:
         self.texts.close()
+        self.table.close()
 
     @property
     def nbytes(self) -> int:
         return self.table.nbytes + self.texts.nbytes
+
+    @property
+    def file_bytes(self) -> int:
+        return self.texts.file_bytes + self.table.file_bytes
 
     def _split(self, extra: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if extra is None:
@@ -148,18 +158,23 @@ class BandStore:
         def store_strings(new: np.ndarray) -> None:  # first: the write that can fail (a full disk)
             self.texts.extend([x for i in new.tolist() for x in ("" if ids[i] == urls[i] else ids[i], urls[i])])
 
-        found = self.table.judge(
-            key,
-            fps,
-            id_hash,
-            sketch,
-            earlier,
-            insert,
-            before_insert=store_strings,
-            fetched=fetched if self.table.times is not None else None,
-            cutoff=cutoff,
-            renew=self._renew,
-        )
+        texts = len(self.texts)
+        try:
+            found = self.table.judge(
+                key,
+                fps,
+                id_hash,
+                sketch,
+                earlier,
+                insert,
+                before_insert=store_strings,
+                fetched=fetched if self.table.times is not None else None,
+                cutoff=cutoff,
+                renew=self._renew,
+            )
+        except BaseException:  # the table's columns are cut back by its add; the strings here
+            self.texts.truncate(texts)
+            raise
         out.stored[sel[found.new]] = True
         hit = np.flatnonzero(found.rank >= 0)
         p, r = sel[hit], found.row[hit]
@@ -177,5 +192,10 @@ class BandStore:
     def load(self, rec: Batch) -> None:
         """Store changelog rows as they are (recovery: no probing)."""
         key, earlier, sketch = self._split(rec.extra)
-        self.texts.extend_raw(rec.strings, rec.lengths)  # first: the write that can fail
-        self.table.add(key, rec.fps, rec.id_hash, sketch, earlier, rec.fetched)
+        texts = len(self.texts)
+        self.texts.extend_raw(rec.strings, rec.lengths)
+        try:
+            self.table.add(key, rec.fps, rec.id_hash, sketch, earlier, rec.fetched)
+        except BaseException:  # (all or nothing: a full disk)
+            self.texts.truncate(texts)
+            raise

@@ -100,6 +100,9 @@ class Store(Protocol):
     @property
     def nbytes(self) -> int: ...
 
+    @property
+    def file_bytes(self) -> int: ...
+
     def probe_and_insert(
         self, sel, fps, fetched, id_hash, ids, urls, out: Answers, insert: bool = True, extra=None
     ) -> None: ...
@@ -238,6 +241,11 @@ class Shard:
     @property
     def nbytes(self) -> int:
         return sum(g.nbytes for g in self._groups.values()) + self._records.nbytes
+
+    @property
+    def file_bytes(self) -> int:
+        """Bytes of the row files on disk (strings and row columns; 0 with strings in memory)."""
+        return sum(g.file_bytes for g in self._groups.values())
 
     def probe_and_insert(
         self,
@@ -557,6 +565,11 @@ class _GroupStore:
     def nbytes(self) -> int:
         cols = (self.fetched, self.id_hash)
         return self.index.nbytes + sum(c.nbytes for c in cols) + self.texts.nbytes
+
+    @property
+    def file_bytes(self) -> int:
+        cols = [c for c in (self.fetched, self.id_hash) if isinstance(c, FileArray)]
+        return sum(c.file_bytes for c in cols) + self.texts.file_bytes
 
     def probe_and_insert(
         self, sel, fps, fetched, id_hash, ids, urls, out: Answers, insert: bool = True, extra=None, cutoff=None

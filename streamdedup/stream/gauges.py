@@ -24,14 +24,17 @@ class Gauges:
         self._lagged: set[tuple[str, str]] = set()
 
     def update_shards(self, shards: Mapping[int, Any]) -> None:
-        """``shards``: partition -> shard (``len()`` is its fingerprints, ``.nbytes`` its memory)."""
+        """``shards``: partition -> shard (``len()`` is its fingerprints, ``.nbytes`` its memory,
+        ``.file_bytes`` its row files)."""
         m = self.metrics
         for p, shard in shards.items():
             m.shard_fingerprints.labels(str(p)).set(len(shard))
             m.shard_bytes.labels(str(p)).set(shard.nbytes)
+            m.shard_file_bytes.labels(str(p)).set(shard.file_bytes)
         for p in self._shards - set(shards):  # moved to another worker: stop reporting it here
             m.shard_fingerprints.remove(str(p))
             m.shard_bytes.remove(str(p))
+            m.shard_file_bytes.remove(str(p))
         self._shards = set(shards)
 
     def update_lag(self, consumer: Any, watched: set[str], pages_topic: str, committed: Mapping[int, int]) -> None:

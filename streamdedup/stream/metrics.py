@@ -47,6 +47,7 @@ class Metrics:
     batch_seconds: Histogram
     shard_fingerprints: Gauge
     shard_bytes: Gauge
+    shard_file_bytes: Gauge
     recovery_restored: Gauge
     recovery_target: Gauge
     recovery_seconds: Gauge
@@ -105,6 +106,12 @@ class Metrics:
             ),
             shard_bytes=Gauge(
                 "streamdedup_shard_bytes", "Memory held by a shard's tables and columns.", ["partition"], **r
+            ),
+            shard_file_bytes=Gauge(
+                "streamdedup_shard_file_bytes",
+                "Bytes of a shard's row files on disk (ids, URLs, fetch times, id hashes), beside its snapshots.",
+                ["partition"],
+                **r,
             ),
             recovery_restored=Gauge(
                 "streamdedup_recovery_restored_records",
