@@ -1,6 +1,6 @@
 """CPU per page of the band modes against simhash, stage by stage, in one process (issue 12).
 
-    python bench/band_speed.py [--pages 2000] [--runs 5]
+    python bench/band_speed.py [--pages 2000] [--runs 5] [--with-512]
 
 The worker's two heavy stages, run on the same corpus pages for each --algorithm, alternating,
 ``--runs`` times; medians of CPU seconds (``time.process_time``), so a busy machine slows every
@@ -31,10 +31,12 @@ from streamdedup.index.bands import BandScheme
 from streamdedup.index.tables import TableDesign
 from streamdedup.pipeline.bands import BandPlan
 from streamdedup.pipeline.intake import fingerprint_contents, id_hash
-from streamdedup.pipeline.shard import Plan, Shard, ShardPlan
+from streamdedup.pipeline.shard import WORKER_DESIGN, Plan, Shard, ShardPlan
 
 ROOT = Path(__file__).resolve().parent.parent
-MODES = (("simhash", 3), ("minhash", 3), ("combined", 10))
+# (name, --algorithm, --k, --num-perm)
+MODES = (("simhash", "simhash", 3, 128), ("minhash", "minhash", 3, 128), ("combined", "combined", 10, 128))
+MODES_512 = (("minhash/512", "minhash", 3, 512), ("combined/512", "combined", 10, 512))
 
 
 def load(path: Path, n: int) -> list[dict]:
@@ -47,9 +49,9 @@ def load(path: Path, n: int) -> list[dict]:
     return out
 
 
-def one(records: list[dict], algorithm: str, k: int, batch: int) -> tuple[float, float]:
-    scheme = None if algorithm == "simhash" else BandScheme.for_threshold(0.8, 128, verify=algorithm, k=k)
-    plan: Plan = ShardPlan(TableDesign.named("16"), 1) if scheme is None else BandPlan(scheme, 1)
+def one(records: list[dict], algorithm: str, k: int, num_perm: int, batch: int) -> tuple[float, float]:
+    scheme = None if algorithm == "simhash" else BandScheme.for_threshold(0.8, num_perm, verify=algorithm, k=k)
+    plan: Plan = ShardPlan(TableDesign.named(WORKER_DESIGN), 1) if scheme is None else BandPlan(scheme, 1)
     shard = Shard(plan)
     fp_cpu = shard_cpu = 0.0
     for at in range(0, len(records), batch):
@@ -82,21 +84,24 @@ def main() -> None:
     ap.add_argument("--pages", type=int, default=2000)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--with-512", action="store_true", help="also the band modes at --num-perm 512")
     a = ap.parse_args()
     records = load(a.corpus, a.pages)
-    for algorithm, k in MODES:  # compile every mode's kernels first
-        one(records[:50], algorithm, k, a.batch)
-    got: dict[str, list[tuple[float, float]]] = {m: [] for m, _ in MODES}
+    modes = MODES + (MODES_512 if a.with_512 else ())
+    for _, algorithm, k, num_perm in modes:  # compile every mode's kernels first
+        one(records[:50], algorithm, k, num_perm, a.batch)
+    got: dict[str, list[tuple[float, float]]] = {m[0]: [] for m in modes}
     for run in range(a.runs):
-        for algorithm, k in MODES[run % 3 :] + MODES[: run % 3]:
-            got[algorithm].append(one(records, algorithm, k, a.batch))
+        turn = run % len(modes)
+        for name, algorithm, k, num_perm in modes[turn:] + modes[:turn]:
+            got[name].append(one(records, algorithm, k, num_perm, a.batch))
     med = {m: (statistics.median(f for f, _ in v), statistics.median(s for _, s in v)) for m, v in got.items()}
     base = sum(med["simhash"])
     print(f"{len(records)} pages, {a.runs} runs, medians of CPU ms per page")
-    print(f"{'mode':9} {'fingerprint':>12} {'shard':>8} {'total':>8} {'simhash/mode':>13}")
+    print(f"{'mode':12} {'fingerprint':>12} {'shard':>8} {'total':>8} {'simhash/mode':>13}")
     for m, (f, s) in med.items():
         n = len(records)
-        print(f"{m:9} {1000 * f / n:12.2f} {1000 * s / n:8.2f} {1000 * (f + s) / n:8.2f} {base / (f + s):13.2f}")
+        print(f"{m:12} {1000 * f / n:12.2f} {1000 * s / n:8.2f} {1000 * (f + s) / n:8.2f} {base / (f + s):13.2f}")
 
 
 if __name__ == "__main__":

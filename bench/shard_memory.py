@@ -92,6 +92,7 @@ def run(
             "pages": pages,
             "url_length": len(urls[0]),
             "nbytes_per_page": shard.nbytes / pages,
+            "file_bytes_per_page": shard.file_bytes / pages,  # on disk: the row files
         }
         out["algorithm"] = algorithm
         out["peak_rss_per_page"] = (peak - base) / pages
@@ -127,7 +128,7 @@ def main() -> None:
         return
     print(
         f"{'algorithm':9} {'design':6} {'strings':8} {'pages':>11} {'url':>4} {'Shard.nbytes/page':>18} "
-        f"{'peak RSS/page':>14} {'RssAnon/page at end':>20} {'pages/s':>9}"
+        f"{'peak RSS/page':>14} {'RssAnon/page at end':>20} {'files/page':>11} {'pages/s':>9}"
     )
     runs = [(al, d) for al in algorithms for d in (designs if al == "simhash" else [designs[0]])]
     for algorithm, design in runs:
@@ -139,7 +140,7 @@ def main() -> None:
             print(
                 f"{algorithm:9} {r['design']:6} {mode:8} {r['pages']:>11,} {r['url_length']:>4} "
                 f"{r['nbytes_per_page']:>16.0f} B {r['peak_rss_per_page']:>12.0f} B {r['anon_rss_per_page']:>18.0f} B "
-                f"{r['pages_per_s']:>9,.0f}"
+                f"{r['file_bytes_per_page']:>9,.0f} B {r['pages_per_s']:>9,.0f}"
             )
 
 
