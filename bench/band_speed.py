@@ -1,6 +1,6 @@
 """CPU per page of the band modes against simhash, stage by stage, in one process (issue 12).
 
-    python bench/band_speed.py [--pages 2000] [--runs 5] [--with-512]
+    python bench/band_speed.py [--pages 2000] [--runs 5] [--with-128]
 
 The worker's two heavy stages, run on the same corpus pages for each --algorithm, alternating,
 ``--runs`` times; medians of CPU seconds (``time.process_time``), so a busy machine slows every
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from streamdedup.index.bands import BandScheme
+from streamdedup.index.bands import DEFAULT_NUM_PERM, BandScheme
 from streamdedup.index.tables import TableDesign
 from streamdedup.pipeline.bands import BandPlan
 from streamdedup.pipeline.intake import fingerprint_contents, id_hash
@@ -35,8 +35,12 @@ from streamdedup.pipeline.shard import WORKER_DESIGN, Plan, Shard, ShardPlan
 
 ROOT = Path(__file__).resolve().parent.parent
 # (name, --algorithm, --k, --num-perm)
-MODES = (("simhash", "simhash", 3, 128), ("minhash", "minhash", 3, 128), ("combined", "combined", 10, 128))
-MODES_512 = (("minhash/512", "minhash", 3, 512), ("combined/512", "combined", 10, 512))
+MODES = (
+    ("simhash", "simhash", 3, DEFAULT_NUM_PERM),
+    ("minhash", "minhash", 3, DEFAULT_NUM_PERM),
+    ("combined", "combined", 10, DEFAULT_NUM_PERM),
+)
+MODES_128 = (("minhash/128", "minhash", 3, 128), ("combined/128", "combined", 10, 128))
 
 
 def load(path: Path, n: int) -> list[dict]:
@@ -84,10 +88,10 @@ def main() -> None:
     ap.add_argument("--pages", type=int, default=2000)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--with-512", action="store_true", help="also the band modes at --num-perm 512")
+    ap.add_argument("--with-128", action="store_true", help="also the band modes at --num-perm 128")
     a = ap.parse_args()
     records = load(a.corpus, a.pages)
-    modes = MODES + (MODES_512 if a.with_512 else ())
+    modes = MODES + (MODES_128 if a.with_128 else ())
     for _, algorithm, k, num_perm in modes:  # compile every mode's kernels first
         one(records[:50], algorithm, k, num_perm, a.batch)
     got: dict[str, list[tuple[float, float]]] = {m[0]: [] for m in modes}

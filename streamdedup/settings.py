@@ -30,6 +30,7 @@ from streamdedup.engine.dedup import ALGORITHMS
 from streamdedup.engine.records import DEFAULT_MAX_PAGE_BYTES
 from streamdedup.errors import SettingsError
 from streamdedup.fingerprinting.cluster import DEFAULT_CLUSTER_N, MAX_CLUSTER_N
+from streamdedup.index.bands import DEFAULT_NUM_PERM
 from streamdedup.index.tables import DESIGNS
 
 __all__ = ["ENV_ALLOWLIST", "ENV_PREFIX", "Settings", "SettingsError"]
@@ -253,7 +254,11 @@ class Settings:
         "FLOAT",
     )
     num_perm: int = _f(
-        "--num-perm", 128, "minhash/combined: hash functions per signature.", _int(16, 1024, "use e.g. 128"), "INT"
+        "--num-perm",
+        DEFAULT_NUM_PERM,
+        "minhash/combined: hash functions per signature (the bands and the sketch that verifies).",
+        _int(16, 1024, f"use e.g. {DEFAULT_NUM_PERM}"),
+        "INT",
     )
     cluster_n: int = _f(
         "--cluster-n",

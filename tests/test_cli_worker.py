@@ -16,7 +16,7 @@ from streamdedup.cli import main
         (
             ["--algorithm", "minhash", "--threshold", "0.01"],
             {},
-            "no banding of 128 permutations reaches threshold 0.01",
+            "no banding of 512 permutations reaches threshold 0.01",
         ),
         (["--design", "7"], {}, "'7' is not one of 20|16|10|4"),
         ([], {"STREAMDEDUP_BROKERS": "nope"}, "'nope' is not host:port; use e.g. 127.0.0.1:9092"),

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from streamdedup.engine.dedup import Deduplicator
 from streamdedup.errors import RecordError
 from streamdedup.fingerprinting.pages import fingerprint
-from streamdedup.index.bands import BandScheme
+from streamdedup.index.bands import DEFAULT_NUM_PERM, BandScheme
 from streamdedup.index.tables import TableDesign
 from streamdedup.pipeline.bands import BandPlan
 from streamdedup.pipeline.intake import Intake, Record, fetched_ms, id_hash, parse
@@ -216,13 +216,13 @@ class Pipeline:
 
     ``fps``: fingerprints to use instead of the texts' (None: fingerprint the texts).
     ``algorithm``: simhash (table groups), or minhash / combined (LSH bands, as the worker builds
-    them for ``--threshold 0.8 --num-perm 128 --k 3``)."""
+    them for ``--threshold 0.8 --k 3`` and the default ``--num-perm``)."""
 
     def __init__(
         self, records: dict[int, list[Record]], workers: int = 1, fps: dict | None = None, algorithm: str = "simhash"
     ) -> None:
         self.records, self.fps = records, fps
-        self.bands = None if algorithm == "simhash" else BandScheme.for_threshold(0.8, 128, algorithm)
+        self.bands = None if algorithm == "simhash" else BandScheme.for_threshold(0.8, DEFAULT_NUM_PERM, algorithm)
         self.plan = PLAN if self.bands is None else BandPlan(self.bands, PLAN.partitions)
         self.owner = {p: p % workers for p in records}
         self.pending = [self.new_pending() for _ in range(workers)]

@@ -174,7 +174,7 @@ def test_defaults():
         "pages.dead-letter",
     ]
     assert (s.partitions, s.replication_factor, s.algorithm, s.k, s.design) == (8, 1, "simhash", 3, None)
-    assert (s.threshold, s.num_perm, s.max_page_bytes) == (0.8, 128, 5 * 1024 * 1024)
+    assert (s.threshold, s.num_perm, s.max_page_bytes) == (0.8, 512, 5 * 1024 * 1024)
     assert (s.batch_size, s.batch_timeout, s.web_host, s.web_port) == (500, 0.05, "127.0.0.1", 6066)
     assert s.data_dir == Path("./streamdedup-data") and s.log_level == "info"
     assert (s.security_protocol, s.sasl_mechanism, s.sasl_username) == ("PLAINTEXT", None, None)
@@ -324,7 +324,7 @@ BAD = [
     ({"threshold": "nan"}, "threshold", "out of range"),
     ({"threshold": "high"}, "threshold", "is not a number"),
     ({"num_perm": "15"}, "num_perm", "(16..1024)"),
-    ({"num_perm": "1025"}, "num_perm", "use e.g. 128"),
+    ({"num_perm": "1025"}, "num_perm", "use e.g. 512"),
     ({"max_page_bytes": "1023"}, "max_page_bytes", "(>= 1024)"),
     ({"batch_size": "0"}, "batch_size", "(1..100000)"),
     ({"batch_size": "100001"}, "batch_size", "use e.g. 500"),

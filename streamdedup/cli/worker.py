@@ -30,7 +30,7 @@ def worker(**params) -> None:
         band_scheme(settings)
     except ValueError as e:  # a threshold the permutations cannot band
         raise click.BadParameter(
-            f"{e} (for example --num-perm 128 --threshold 0.8)", param_hint="--threshold / --num-perm"
+            f"{e} (for example --num-perm 512 --threshold 0.8)", param_hint="--threshold / --num-perm"
         ) from None
     from streamdedup.stream.run import run_worker
 

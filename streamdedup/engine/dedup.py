@@ -43,7 +43,7 @@ from streamdedup.fingerprinting.cluster import DEFAULT_CLUSTER_N, check_cluster_
 from streamdedup.fingerprinting.pages import Fingerprints
 from streamdedup.fingerprinting.simhash import to_hex
 from streamdedup.index.arrays import GrowingArray
-from streamdedup.index.bands import BandScheme, BandTable, tags
+from streamdedup.index.bands import DEFAULT_NUM_PERM, BandScheme, BandTable, tags
 from streamdedup.index.hamming import HammingIndex
 from streamdedup.index.tables import TableDesign
 
@@ -91,7 +91,7 @@ class Deduplicator:
         k: int = 3,
         design: TableDesign | str | None = None,
         threshold: float = 0.8,
-        num_perm: int = 128,
+        num_perm: int = DEFAULT_NUM_PERM,
         cluster_n: int = DEFAULT_CLUSTER_N,
     ) -> None:
         if algorithm not in ALGORITHMS:

@@ -51,9 +51,14 @@ from streamdedup.index.arrays import GrowingArray
 from streamdedup.index.file_array import FileArray
 from streamdedup.index.lsh import _Run, s_curve
 
-__all__ = ["VERIFIERS", "BandScheme", "BandTable", "BandMatches"]
+__all__ = ["DEFAULT_NUM_PERM", "VERIFIERS", "BandScheme", "BandTable", "BandMatches"]
 
 VERIFIERS = ("minhash", "combined")
+#: The band modes' signature length (``--num-perm``): at threshold 0.8 the bands take 50 values
+#: (10 x 5) and the other 462 are the sketch that verifies a candidate.  A longer sketch costs
+#: hashing and disk, not memory (a table keeps only its keys' tags in memory); with 128 the
+#: estimate's noise at the threshold kept precision at 0.98 (docs/bands.md "Measured").
+DEFAULT_NUM_PERM = 512
 Column = GrowingArray | FileArray  # a column held in memory or in a file
 _U64 = np.uint64
 _KEY = np.uint32  # a table keeps the low 32 bits of its band's keys: their tags
