@@ -288,7 +288,7 @@ def decode(values: Sequence[bytes], kind: int | None = None) -> Batch:
         if w:
             extras.append(np.frombuffer(value, dtype=np.uint8, count=n * w, offset=at).reshape(n, w))
             at += n * w
-        body = value[at:]
+        body = memoryview(value)[at:]  # (joined below: no copy of its own)
         if len(body) != int(r["id_len"].sum(dtype=np.int64) + r["url_len"].sum(dtype=np.int64)):
             raise ValueError("a batch's string lengths do not add up")
         rows.append(r)
