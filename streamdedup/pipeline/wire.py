@@ -37,14 +37,16 @@ batches of the older layout ``b"SDB1" | kind u8 | n u32`` were all written by sc
 
 from __future__ import annotations
 
+import importlib
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 
 from streamdedup.errors import SchemeError
-from streamdedup.fingerprinting import SCHEME
+from streamdedup.fingerprinting import SCHEME, kernels
 
 __all__ = [
     "ROW",
@@ -178,19 +180,26 @@ class Batch:
                 for i, (g, lo, hi) in enumerate(zip(values.tolist(), [0, *ends], ends))
             ]
         # Rows: one stable gather (np.take, far cheaper than fancy indexing of a structured
-        # array).  Strings: each byte labelled with its row's group (one byte a byte when the
-        # groups fit), then one boolean compress per group: no index array of a byte's position.
+        # array).  Strings: with numba, one pass copying each row's bytes to its group's place;
+        # else each byte labelled with its row's group (one byte a byte when the groups fit),
+        # then one boolean compress per group (no index array of a byte's position).
         order = np.argsort(group, kind="stable")
         rows = np.take(self.rows, order)
         extra = None if self.extra is None else np.take(self.extra, order, axis=0)
-        labels = np.repeat(group.astype(np.uint8) if int(values[-1]) < 256 else group, per_row)
         blob = np.frombuffer(self.strings, dtype=np.uint8)
+        kernels = _kernel_module()
+        if kernels is not None:
+            slot = np.searchsorted(values, group)
+            group_bytes = np.bincount(slot, weights=per_row, minlength=len(values)).astype(np.int64)
+            byte_at = [0, *np.cumsum(group_bytes).tolist()]
+            regrouped = kernels.regroup_strings(blob, per_row, slot, np.array(byte_at[:-1], dtype=np.int64))
+            parts = [regrouped[byte_at[k] : byte_at[k + 1]].tobytes() for k in range(len(values))]
+        else:
+            labels = np.repeat(group.astype(np.uint8) if int(values[-1]) < 256 else group, per_row)
+            parts = [blob[labels == g].tobytes() for g in values.tolist()]
         return [
-            (
-                int(g),
-                Batch(rows[lo:hi], blob[labels == g].tobytes(), self.kind, None if extra is None else extra[lo:hi]),
-            )
-            for g, lo, hi in zip(values.tolist(), [0, *ends], ends)
+            (int(g), Batch(rows[lo:hi], part, self.kind, None if extra is None else extra[lo:hi]))
+            for g, lo, hi, part in zip(values.tolist(), [0, *ends], ends, parts)
         ]
 
     @classmethod
@@ -323,6 +332,27 @@ def _refuse(scheme: int, kind: int | None) -> None:
         scheme,
         SCHEME,
     )
+
+
+def _kernel_module() -> ModuleType | None:
+    """The numba kernel of :meth:`Batch.by_group`, or None for its numpy path (no numba, or the
+    numpy path forced: ``STREAMDEDUP_KERNELS=numpy``, :func:`~streamdedup.fingerprinting.kernels.numpy_only`)."""
+    if kernels.compiled() is None:
+        return None
+    try:
+        return importlib.import_module("streamdedup.pipeline.wire_kernels")
+    except ImportError:
+        return None
+
+
+def warm_up() -> bool:
+    """Compile (or load from numba's cache) the kernel of :meth:`Batch.by_group` now, not in a
+    replay's first batch; False when the numpy path is in use."""
+    module = _kernel_module()
+    if module is None:
+        return False
+    module.warm_up()
+    return True
 
 
 def _split(blob: bytes, lens: np.ndarray) -> list[str]:
