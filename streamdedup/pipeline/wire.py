@@ -187,12 +187,12 @@ class Batch:
         rows = np.take(self.rows, order)
         extra = None if self.extra is None else np.take(self.extra, order, axis=0)
         blob = np.frombuffer(self.strings, dtype=np.uint8)
-        kernels = _kernel_module()
-        if kernels is not None:
+        module = _kernel_module()
+        if module is not None:
             slot = np.searchsorted(values, group)
             group_bytes = np.bincount(slot, weights=per_row, minlength=len(values)).astype(np.int64)
             byte_at = [0, *np.cumsum(group_bytes).tolist()]
-            regrouped = kernels.regroup_strings(blob, per_row, slot, np.array(byte_at[:-1], dtype=np.int64))
+            regrouped = module.regroup_strings(blob, per_row, slot, np.array(byte_at[:-1], dtype=np.int64))
             parts = [regrouped[byte_at[k] : byte_at[k + 1]].tobytes() for k in range(len(values))]
         else:
             labels = np.repeat(group.astype(np.uint8) if int(values[-1]) < 256 else group, per_row)

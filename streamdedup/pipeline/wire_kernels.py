@@ -34,9 +34,10 @@ def regroup_strings(blob: np.ndarray, sizes: np.ndarray, slot: np.ndarray, group
 
 
 def warm_up() -> None:
-    """Compile (or load from numba's cache) the kernel now."""
+    """Compile (or load from numba's cache) the kernel now, for the read-only blob of a batch's
+    bytes (numba compiles read-only and writable arrays apart)."""
     regroup_strings(
-        np.zeros(3, dtype=np.uint8),
+        np.frombuffer(b"abc", dtype=np.uint8),
         np.array([1, 2], dtype=np.int64),
         np.array([1, 0], dtype=np.int64),
         np.array([0, 2], dtype=np.int64),
