@@ -3,6 +3,8 @@ values, and a shard rebuilt from its changelog answers the same."""
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import xxhash
@@ -10,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamdedup.errors import SchemeError
-from streamdedup.fingerprinting import SCHEME
+from streamdedup.fingerprinting import SCHEME, kernels
 from streamdedup.index.tables import TableDesign
+from streamdedup.pipeline import wire
 from streamdedup.pipeline.shard import Shard, ShardPlan
 from streamdedup.pipeline.wire import ANSWERS, CHANGELOG, PROBES, Batch, decode, encode, kind_of
 from streamdedup.stream.store import load_snapshot, snapshot_meta
@@ -264,8 +267,12 @@ def test_a_snapshot_of_the_16_table_design_is_rebuilt_by_a_worker_of_the_4_table
     groups=st.lists(st.integers(0, 5), min_size=1, max_size=40),
     texts=st.lists(st.text(max_size=6), min_size=80, max_size=80),
     extra=st.booleans(),
+    wide=st.booleans(),
+    compiled=st.booleans(),
 )
-def test_by_group_gives_each_groups_rows_like_select(groups, texts, extra):
+def test_by_group_gives_each_groups_rows_like_select(groups, texts, extra, wide, compiled):
+    """Both paths (the numba kernel and numpy's), groups that fit a byte and wider ones."""
+    groups = [g * 97 for g in groups] if wide else groups  # (up to 485: labels wider than a byte)
     n = len(groups)
     ids, urls = texts[:n], [t + "/u" for t in texts[40 : 40 + n]]
     batch = Batch.build(
@@ -277,7 +284,9 @@ def test_by_group_gives_each_groups_rows_like_select(groups, texts, extra):
         urls=urls,
         extra=np.arange(3 * n, dtype=np.uint8).reshape(n, 3) if extra else None,
     )
-    got = batch.by_group()
+    with contextlib.nullcontext() if compiled else kernels.numpy_only():
+        assert (wire._kernel_module() is not None) == (compiled and kernels.available())
+        got = batch.by_group()
     assert [g for g, _ in got] == sorted(set(groups))
     for g, part in got:
         want = batch.select(np.array(groups, dtype=np.int64) == g)

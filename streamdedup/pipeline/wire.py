@@ -37,14 +37,16 @@ batches of the older layout ``b"SDB1" | kind u8 | n u32`` were all written by sc
 
 from __future__ import annotations
 
+import importlib
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 
 from streamdedup.errors import SchemeError
-from streamdedup.fingerprinting import SCHEME
+from streamdedup.fingerprinting import SCHEME, kernels
 
 __all__ = [
     "ROW",
@@ -153,37 +155,52 @@ class Batch:
 
     def by_group(self) -> list[tuple[int, Batch]]:
         """The rows of each group, in row order within it, groups ascending: like
-        ``select(group == g)`` for every g, in one pass over the strings (a replay's batches
-        hold tens of megabytes of them)."""
+        ``select(group == g)`` for every g, in one pass over the rows (a replay's batches hold
+        tens of megabytes of strings, and a changelog record interleaves its groups)."""
         group = self.rows["group"]
         if not len(group):
             return []
+        values, counts = np.unique(group, return_counts=True)
+        if len(values) == 1:
+            return [(int(values[0]), self)]
         per_row = self.rows["id_len"].astype(np.int64) + self.rows["url_len"]
-        if (group[1:] >= group[:-1]).all():
-            rows, extra, blob, sizes = self.rows, self.extra, self.strings, per_row
-        else:
-            order = np.argsort(group, kind="stable")
-            sizes = per_row[order]
-            starts = np.cumsum(per_row) - per_row
-            # each byte of the reordered blob: its row's start in the old blob + its rank in the row
-            at = np.repeat(starts[order] - (np.cumsum(sizes) - sizes), sizes) + np.arange(int(sizes.sum()))
-            blob = np.frombuffer(self.strings, dtype=np.uint8)[at].tobytes()
-            rows, extra = self.rows[order], None if self.extra is None else self.extra[order]
-        values, first = np.unique(rows["group"], return_index=True)
-        bounds = [*first.tolist(), len(rows)]
-        byte_at = [0, *np.cumsum(sizes).tolist()]
-        out = []
-        for i, g in enumerate(values.tolist()):
-            lo, hi = bounds[i], bounds[i + 1]
-            out.append(
+        ends = np.cumsum(counts).tolist()
+        if (group[1:] >= group[:-1]).all():  # already in group order: slices
+            byte_at = [0, *np.cumsum(per_row)[np.subtract(ends, 1)].tolist()]
+            return [
                 (
                     int(g),
                     Batch(
-                        rows[lo:hi], blob[byte_at[lo] : byte_at[hi]], self.kind, None if extra is None else extra[lo:hi]
+                        self.rows[lo:hi],
+                        self.strings[byte_at[i] : byte_at[i + 1]],
+                        self.kind,
+                        None if self.extra is None else self.extra[lo:hi],
                     ),
                 )
-            )
-        return out
+                for i, (g, lo, hi) in enumerate(zip(values.tolist(), [0, *ends], ends))
+            ]
+        # Rows: one stable gather (np.take, far cheaper than fancy indexing of a structured
+        # array).  Strings: with numba, one pass copying each row's bytes to its group's place;
+        # else each byte labelled with its row's group (one byte a byte when the groups fit),
+        # then one boolean compress per group (no index array of a byte's position).
+        order = np.argsort(group, kind="stable")
+        rows = np.take(self.rows, order)
+        extra = None if self.extra is None else np.take(self.extra, order, axis=0)
+        blob = np.frombuffer(self.strings, dtype=np.uint8)
+        module = _kernel_module()
+        if module is not None:
+            slot = np.searchsorted(values, group)
+            group_bytes = np.bincount(slot, weights=per_row, minlength=len(values)).astype(np.int64)
+            byte_at = [0, *np.cumsum(group_bytes).tolist()]
+            regrouped = module.regroup_strings(blob, per_row, slot, np.array(byte_at[:-1], dtype=np.int64))
+            parts = [regrouped[byte_at[k] : byte_at[k + 1]].tobytes() for k in range(len(values))]
+        else:
+            labels = np.repeat(group.astype(np.uint8) if int(values[-1]) < 256 else group, per_row)
+            parts = [blob[labels == g].tobytes() for g in values.tolist()]
+        return [
+            (int(g), Batch(rows[lo:hi], part, self.kind, None if extra is None else extra[lo:hi]))
+            for g, lo, hi, part in zip(values.tolist(), [0, *ends], ends, parts)
+        ]
 
     @classmethod
     def build(
@@ -280,7 +297,7 @@ def decode(values: Sequence[bytes], kind: int | None = None) -> Batch:
         if w:
             extras.append(np.frombuffer(value, dtype=np.uint8, count=n * w, offset=at).reshape(n, w))
             at += n * w
-        body = value[at:]
+        body = memoryview(value)[at:]  # (joined below: no copy of its own)
         if len(body) != int(r["id_len"].sum(dtype=np.int64) + r["url_len"].sum(dtype=np.int64)):
             raise ValueError("a batch's string lengths do not add up")
         rows.append(r)
@@ -315,6 +332,27 @@ def _refuse(scheme: int, kind: int | None) -> None:
         scheme,
         SCHEME,
     )
+
+
+def _kernel_module() -> ModuleType | None:
+    """The numba kernel of :meth:`Batch.by_group`, or None for its numpy path (no numba, or the
+    numpy path forced: ``STREAMDEDUP_KERNELS=numpy``, :func:`~streamdedup.fingerprinting.kernels.numpy_only`)."""
+    if kernels.compiled() is None:
+        return None
+    try:
+        return importlib.import_module("streamdedup.pipeline.wire_kernels")
+    except ImportError:
+        return None
+
+
+def warm_up() -> bool:
+    """Compile (or load from numba's cache) the kernel of :meth:`Batch.by_group` now, not in a
+    replay's first batch; False when the numpy path is in use."""
+    module = _kernel_module()
+    if module is None:
+        return False
+    module.warm_up()
+    return True
 
 
 def _split(blob: bytes, lens: np.ndarray) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -87,10 +88,12 @@ async def end_offsets(settings: Settings, topic: str, partitions: list[int]) -> 
 #: default record limit is 1 MiB, so a partition fetch holds many records).
 BULK_FETCH_MAX_BYTES = 64 * 2**20
 BULK_PARTITION_FETCH_BYTES = 32 * 2**20
+#: Runs the bulk reader fetches ahead of the caller (each up to BULK_FETCH_MAX_BYTES).
+BULK_READ_AHEAD = 1
 
 
 async def read_ranges(
-    settings: Settings, topic: str, ranges: dict[int, tuple[int, int]]
+    settings: Settings, topic: str, ranges: dict[int, tuple[int, int]], ahead: int = BULK_READ_AHEAD
 ) -> AsyncGenerator[tuple[int, list[ConsumerRecord]], None]:
     """The committed records of ``topic`` in each partition's ``[start, end)`` of ``ranges``, as
     fetched: ``(partition, records)`` runs in offset order, then ``(partition, [])`` once the
@@ -98,11 +101,97 @@ async def read_ranges(
     aborted transactions are skipped) with large fetches, not through faust's consumer thread
     (busy with the rebalance this runs in, faust-notes §11) and its per-record events.
 
+    The consumer runs in a thread of its own, with its own event loop, up to ``ahead`` runs ahead
+    of the caller: the next fetch is read from the socket and parsed while the caller restores
+    the last one (on this loop, a restore would hold up the socket).  The runs come in the order
+    they were fetched; what was read ahead when the caller stops is dropped.  ``ahead`` 0 reads
+    on the caller's loop, one run at a time.
+
     A partition is done when the consumer's position reaches its end, not after a number of
     records: transaction markers take offsets too, so its last record can lie below ``end - 1``.
     It is also done at the last stable offset (an open transaction's records cannot be read
     committed yet; the caller's deadline would otherwise run out waiting for it).  The caller
-    bounds the whole read (a timeout); closing the generator stops the consumer."""
+    bounds the whole read (a timeout); closing the generator stops the consumer (and its thread)."""
+    if not any(start < end for start, end in ranges.values()):
+        return
+    if ahead <= 0:
+        async for fetched in _read_ranges(settings, topic, ranges):
+            yield fetched
+        return
+    loop = asyncio.get_running_loop()
+    runs: asyncio.Queue[tuple[int, list[ConsumerRecord]] | BaseException | None] = asyncio.Queue(ahead)
+    finished = loop.create_future()
+    control = _ReaderControl()
+
+    async def read() -> None:  # in the thread: each run into the caller's queue, waiting while it is full
+        if not control.started(asyncio.current_task()):
+            return
+
+        async def hand(item: tuple[int, list[ConsumerRecord]] | BaseException | None) -> None:
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(runs.put(item), loop))
+
+        try:
+            async for item in _read_ranges(settings, topic, ranges):
+                await hand(item)
+        except Exception as e:  # the caller raises it (a cancellation is the caller's own stop)
+            await hand(e)
+            return
+        await hand(None)
+
+    def finish() -> None:
+        if not finished.done():
+            finished.set_result(None)
+
+    def run() -> None:
+        try:
+            asyncio.run(read())
+        except BaseException as e:  # (a cancelled read ends here too)
+            if not isinstance(e, asyncio.CancelledError):
+                log.warning("the bulk reader of %s failed: %r", topic, e)
+        finally:
+            with contextlib.suppress(RuntimeError):  # (the caller's loop is closed: nobody waits)
+                loop.call_soon_threadsafe(finish)
+
+    threading.Thread(target=run, name=f"bulk-replay-{topic}", daemon=True).start()
+    try:
+        while True:
+            item = await runs.get()
+            if item is None:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        control.stop()
+        await finished  # (its consumer stopped; the caller bounds this wait)
+
+
+class _ReaderControl:
+    """Stops :func:`read_ranges`'s thread: cancels its read, or keeps it from starting."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._task: asyncio.Task | None = None
+        self._stopped = False
+
+    def started(self, task: asyncio.Task | None) -> bool:
+        """The read ``task`` began in the thread; False: it was stopped before, return at once."""
+        with self._lock:
+            self._task = task
+            return not self._stopped
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped, task = True, self._task
+        if task is not None:
+            with contextlib.suppress(RuntimeError):  # its loop is closed: the read is over
+                task.get_loop().call_soon_threadsafe(task.cancel)
+
+
+async def _read_ranges(
+    settings: Settings, topic: str, ranges: dict[int, tuple[int, int]]
+) -> AsyncGenerator[tuple[int, list[ConsumerRecord]], None]:
+    """:func:`read_ranges` on the running loop."""
     consumer = AIOKafkaConsumer(
         **settings.aiokafka_kwargs(),
         group_id=None,

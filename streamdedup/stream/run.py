@@ -170,6 +170,9 @@ def run_worker(settings: Settings) -> None:
         from streamdedup.index.blocks import warm_up
 
         warm_up()  # the shard's numba kernels now (or from numba's cache), not in the first probe batch
+    from streamdedup.pipeline import wire
+
+    wire.warm_up()  # (the changelog replay's regrouping kernel, likewise)
 
     class Worker(faust.Worker):  # (named so: its log lines read "[^Worker]: Ready")
         def _schedule_shutdown(self, signal: Any) -> None:
