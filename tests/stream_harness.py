@@ -217,6 +217,19 @@ def produce(
     asyncio.run(run())
 
 
+def committed_reader(kafka, *topics: str) -> AIOKafkaConsumer:
+    """A consumer (not started) of ``topics``' committed records from the beginning, in no group."""
+    return AIOKafkaConsumer(
+        *topics,
+        **kafka.client_kwargs(),
+        group_id=None,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+        metadata_max_age_ms=1000,
+    )
+
+
 def produce_and_kill(
     kafka,
     topics: StreamTopics,
@@ -237,15 +250,7 @@ def produce_and_kill(
     """
 
     async def run() -> int:
-        c = AIOKafkaConsumer(
-            topics.verdicts,
-            **kafka.client_kwargs(),
-            group_id=None,
-            auto_offset_reset="earliest",
-            isolation_level="read_committed",
-            enable_auto_commit=False,
-            metadata_max_age_ms=1000,
-        )
+        c = committed_reader(kafka, topics.verdicts)
         await c.start()
         try:
             deadline = time.monotonic() + timeout
@@ -274,15 +279,7 @@ def read_all(kafka, topics: list[str], until: Any, timeout: float = 60.0) -> dic
     true or ``timeout`` passes (then returns what there is)."""
 
     async def run() -> dict[str, list]:
-        c = AIOKafkaConsumer(
-            *topics,
-            **kafka.client_kwargs(),
-            group_id=None,
-            auto_offset_reset="earliest",
-            isolation_level="read_committed",
-            enable_auto_commit=False,
-            metadata_max_age_ms=1000,
-        )
+        c = committed_reader(kafka, *topics)
         await c.start()
         out: dict[str, list] = defaultdict(list)
         try:

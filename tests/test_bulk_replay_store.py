@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from faust.types import TP
 from prometheus_client import CollectorRegistry
+from store_rebalance import assign
 
 from streamdedup.pipeline.wire import CHANGELOG, Batch, encode
 from streamdedup.settings import Settings
@@ -90,14 +91,6 @@ def worker(tmp_path, changelog, monkeypatch):
     w.close()
 
 
-async def _assign(w: Worker, monkeypatch, partitions: set[int]) -> None:
-    store, topic = w.store, w.store._changelog()
-    w.app.on_rebalance_start()
-    assigned = {TP(topic, p) for p in partitions}
-    monkeypatch.setattr(w.app.assignor, "assigned_actives", lambda: assigned)
-    await store.on_rebalance(assigned, set(), assigned)
-
-
 def _faust_recovery(store: ShardStore, changelog: Changelog) -> None:
     """What faust's recovery replays after the bulk path: each partition's records after
     persisted_offset, through apply_changelog_batch."""
@@ -116,7 +109,7 @@ def test_a_tail_read_to_its_end_leaves_faust_nothing_even_with_markers_after_the
     changelog.write(1, [0, 1, 2], end=4)
     restored: list[tuple[int, int]] = []
     monkeypatch.setattr(ShardStore, "on_restored", staticmethod(lambda p, n: restored.append((p, n))))
-    asyncio.run(_assign(worker, monkeypatch, {0, 1}))
+    asyncio.run(assign(worker, monkeypatch, {0, 1}))
     store, topic = worker.store, worker.store._changelog()
     assert changelog.reads == [{0: (0, 10), 1: (0, 4)}]
     assert {p: store.persisted_offset(TP(topic, p)) for p in (0, 1)} == {0: 9, 1: 3}  # the ends - 1
@@ -132,7 +125,7 @@ def test_a_bulk_read_that_fails_part_way_leaves_the_rest_to_faust_from_the_offse
     changelog.write(0, list(range(10)), end=10)
     changelog.write(1, list(range(4)), end=4)
     changelog.fail_after = 2  # two runs of 3 records of partition 0, then the reader raises
-    asyncio.run(_assign(worker, monkeypatch, {0, 1}))
+    asyncio.run(assign(worker, monkeypatch, {0, 1}))
     store, topic = worker.store, worker.store._changelog()
     assert store.persisted_offset(TP(topic, 0)) == 5 and len(store.shards[0]) == 6 * 5
     assert store.persisted_offset(TP(topic, 1)) is None and 1 not in store.shards
@@ -144,7 +137,7 @@ def test_a_short_tail_is_left_to_faust(worker, changelog, monkeypatch):
     monkeypatch.setattr(ShardStore, "bulk", BulkReplay(changelog.read, min_records=5, timeout=5.0))
     changelog.write(0, list(range(4)), end=4)
     changelog.write(1, list(range(8)), end=8)
-    asyncio.run(_assign(worker, monkeypatch, {0, 1}))
+    asyncio.run(assign(worker, monkeypatch, {0, 1}))
     assert changelog.reads == [{1: (0, 8)}]
     assert 0 not in worker.store.shards
 
@@ -160,7 +153,7 @@ def test_a_changelog_of_another_scheme_stops_the_worker_in_the_bulk_path_too(wor
     changelog.write(0, [0, 1], end=2, value=lambda p, o: b"SDB1" + old[4:5] + old[6:])  # scheme 1's layout
 
     async def scenario() -> None:
-        await _assign(worker, monkeypatch, {0})
+        await assign(worker, monkeypatch, {0})
         await asyncio.sleep(0)  # the crash is scheduled
 
     asyncio.run(scenario())
@@ -181,7 +174,7 @@ def test_the_bulk_read_stops_when_the_group_asks_the_member_to_rejoin(worker, ch
     bulk = BulkReplay(changelog.read, min_records=0, keepalive=keepalive, check=another_member_joins)
     monkeypatch.setattr(ShardStore, "bulk", bulk)
     changelog.write(0, list(range(10)), end=10)
-    asyncio.run(_assign(worker, monkeypatch, {0}))
+    asyncio.run(assign(worker, monkeypatch, {0}))
     store, topic = worker.store, worker.store._changelog()
     assert store.persisted_offset(TP(topic, 0)) == 2 and len(store.shards[0]) == 3 * 5  # one run of 3
     _faust_recovery(store, changelog)

@@ -28,6 +28,7 @@ from aiokafka.errors import KafkaConnectionError
 from faust.types import TP
 from kafka_broker import unique_name
 from prometheus_client import CollectorRegistry
+from store_rebalance import assign
 
 from streamdedup.pipeline.wire import CHANGELOG, Batch, encode
 from streamdedup.settings import Settings
@@ -194,14 +195,6 @@ def worker(kafka, tmp_path, monkeypatch, small_fetches):
     w.close()
 
 
-async def _assign(w: Worker, monkeypatch, partitions: set[int]) -> None:
-    store, topic = w.store, w.store._changelog()
-    w.app.on_rebalance_start()
-    assigned = {TP(topic, p) for p in partitions}
-    monkeypatch.setattr(w.app.assignor, "assigned_actives", lambda: assigned)
-    await store.on_rebalance(assigned, set(), assigned)
-
-
 @pytest.mark.parametrize("rejoin_after", [None, 3])
 def test_a_store_replays_through_the_read_ahead_in_order_and_stops_between_runs_at_a_rebalance(
     kafka, worker, monkeypatch, rejoin_after
@@ -228,7 +221,7 @@ def test_a_store_replays_through_the_read_ahead_in_order_and_stops_between_runs_
 
     async def scenario() -> dict[int, list[tuple[int, bytes]]]:
         written = await _write(kafka, topic, {0: 80, 1: 50})
-        await _assign(worker, monkeypatch, {0, 1})
+        await assign(worker, monkeypatch, {0, 1})
         await _no_reader_left(topic)
         return written
 
