@@ -102,12 +102,16 @@ def run(
 
 
 def main() -> None:
+    from streamdedup.index.bands import DEFAULT_NUM_PERM
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pages", type=int, default=1_000_000)
     ap.add_argument("--url-length", type=int, default=60)
     ap.add_argument("--batch", type=int, default=20_000)
     ap.add_argument("--algorithm", action="append", choices=["simhash", "minhash", "combined"])
-    ap.add_argument("--num-perm", type=int, default=128, help="the band modes' permutations (sketch size)")
+    ap.add_argument(
+        "--num-perm", type=int, default=DEFAULT_NUM_PERM, help="the band modes' permutations (default: the worker's)"
+    )
     ap.add_argument(
         "--design",
         action="append",
