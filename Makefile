@@ -25,6 +25,7 @@ $(STAMPS)/python: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	$(PY) -m streamdedup.fingerprinting.warmup  # compile the numba kernels into their on-disk cache once
 	$(PY) -m streamdedup.index.warmup  # and the shard index's
+	$(PY) -m streamdedup.pipeline.wire_kernels  # and the changelog replay's regrouping kernel
 	@touch $@
 
 # kcat (a Kafka client we did not write) and prometheus, from Debian

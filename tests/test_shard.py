@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from damage import HOW
+from damage import damage as damage_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -289,7 +291,7 @@ def test_a_snapshot_of_strings_in_memory_loads_into_string_files(tmp_path):
 
 
 @pytest.mark.parametrize("suffix", ["", ".ends", ".fetched", ".idhash"])
-@pytest.mark.parametrize("damage", ["missing", "short", "foreign"])
+@pytest.mark.parametrize("damage", HOW)
 def test_a_missing_damaged_or_foreign_string_file_is_refused(tmp_path, damage, suffix):
     plan = ShardPlan(TableDesign.named("16"), 1)
     fps, fetched, id_hash, ids = pages(14, 200)
@@ -297,13 +299,7 @@ def test_a_missing_damaged_or_foreign_string_file_is_refused(tmp_path, damage, s
     answer_all(live, plan, fps, fetched, id_hash, ids)
     live.save(tmp_path / "s.npz")
     live.close()
-    f = tmp_path / f"s.g2.strings{suffix}"
-    if damage == "missing":
-        f.unlink()
-    elif damage == "short":
-        f.write_bytes(f.read_bytes()[:-10])
-    else:  # the same length, other bytes: another shard's file
-        f.write_bytes(bytes(reversed(f.read_bytes())))
+    damage_file(tmp_path / f"s.g2.strings{suffix}", damage)
     why = {"missing": "cannot open the (string|column) file", "short": "is shorter", "foreign": "does not hold"}[damage]
     if suffix == ".ends" and damage == "foreign":  # (other ends can also name a size the data file lacks)
         why = "does not hold|is shorter"

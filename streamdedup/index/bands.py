@@ -47,8 +47,9 @@ import numpy as np
 
 from streamdedup.fingerprinting.features import mix64
 from streamdedup.fingerprinting.simhash import hamming_many
+from streamdedup.index import columns
 from streamdedup.index.arrays import GrowingArray
-from streamdedup.index.file_array import FileArray
+from streamdedup.index.columns import Column, column_from_state, column_state, keep, new_column
 from streamdedup.index.lsh import _Run, s_curve
 
 __all__ = ["DEFAULT_NUM_PERM", "VERIFIERS", "BandScheme", "BandTable", "BandMatches"]
@@ -59,7 +60,6 @@ VERIFIERS = ("minhash", "combined")
 #: hashing and disk, not memory (a table keeps only its keys' tags in memory); with 128 the
 #: estimate's noise at the threshold kept precision at 0.98 (docs/bands.md "Measured").
 DEFAULT_NUM_PERM = 512
-Column = GrowingArray | FileArray  # a column held in memory or in a file
 _U64 = np.uint64
 _KEY = np.uint32  # a table keeps the low 32 bits of its band's keys: their tags
 _BAND_SALT = np.uint64(0xBA9D_5A17_0F15_EED5)
@@ -242,22 +242,28 @@ class BandTable:
         if not 0 <= band < scheme.bands:
             raise ValueError(f"band {band} is not one of the scheme's {scheme.bands}")
         self.scheme, self.band, self.path = scheme, band, path
-        self.fps, self.id_hash = self._column("fps", _U64), self._column("id_hash", _U64)
-        self.tags = self._column("tags", np.uint32, (band,))
-        self.sketch = self._column("sketch", np.uint8, (scheme.sketch_bytes,))
+        self.fps, self.id_hash = self._new("fps"), self._new("id_hash")
+        self.tags, self.sketch = self._new("tags"), self._new("sketch")
         self._base, self._mid = _Run.empty(_KEY), _Run.empty(_KEY)
         self._tail = GrowingArray(_KEY)  # the keys of the newest rows, unsorted
         self.times: Column | None = None  # fetch times, kept only under a retention (timed())
 
     # Only the keys (in the runs) are read for every probe; the other columns only for the rows
     # whose key equals a probe's.  With a ``path`` they live in files beside it (``path.fps``,
-    # ``.id_hash``, ``.tags``, ``.sketch``, ``.fetched``; :class:`FileArray`), not in memory.
-    _SUFFIX = {"fps": ".fps", "id_hash": ".id_hash", "tags": ".tags", "sketch": ".sketch", "times": ".fetched"}
+    # ``.id_hash``, ``.tags``, ``.sketch``, ``.fetched``), not in memory (:mod:`.columns`).
+    def _spec(self, name: str) -> tuple[str, str, type, tuple[int, ...]]:
+        """A column's name in snapshots, its file's suffix, its dtype and its rows' shape."""
+        return {
+            "fps": ("fps", ".fps", _U64, ()),
+            "id_hash": ("id_hash", ".id_hash", _U64, ()),
+            "tags": ("tags", ".tags", np.uint32, (self.band,)),  # (band 0's: no bytes, in memory)
+            "sketch": ("sketch", ".sketch", np.uint8, (self.scheme.sketch_bytes,)),
+            "times": ("fetched", ".fetched", np.int64, ()),
+        }[name]
 
-    def _column(self, name: str, dtype: type, shape: tuple[int, ...] = ()) -> Column:
-        if self.path is None or 0 in shape:  # (band 0 has no earlier tags: nothing to keep)
-            return GrowingArray(dtype, shape)
-        return FileArray(dtype, self.path + self._SUFFIX[name], shape)
+    def _new(self, name: str) -> Column:
+        _, suffix, dtype, shape = self._spec(name)
+        return new_column(dtype, self.path, suffix, shape)
 
     def _columns(self) -> dict[str, Column]:
         out = {"fps": self.fps, "id_hash": self.id_hash, "tags": self.tags, "sketch": self.sketch}
@@ -268,12 +274,10 @@ class BandTable:
     @property
     def file_bytes(self) -> int:
         """Bytes of the column files (0 in memory)."""
-        return sum(c.file_bytes for c in self._columns().values() if isinstance(c, FileArray))
+        return columns.file_bytes(self._columns().values())
 
     def close(self) -> None:
-        for c in self._columns().values():
-            if isinstance(c, FileArray):
-                c.close()
+        columns.close(self._columns().values())
 
     def timed(self) -> None:
         """Keep each row's fetch time from now on (a retention expires rows by it).  ValueError if
@@ -281,30 +285,17 @@ class BandTable:
         if self.times is None:
             if len(self):
                 raise ValueError("the band table holds rows without their fetch times (written without a retention)")
-            self.times = self._column("times", np.int64)
+            self.times = self._new("times")
 
     def keep_rows(self, rows: np.ndarray) -> None:
-        """Keep only ``rows`` (ascending), renumbered in their order, in fresh arrays (the runs
-        are sorted again).  Column files are rewritten one by one, each replaced whole."""
+        """Keep only ``rows`` (ascending), renumbered in their order (the runs are sorted again;
+        a column file is rewritten and replaced whole)."""
         rows = np.asarray(rows, dtype=np.int64)
-        if self.path is not None:
-            keys = self.keys()[rows]
-            for name, col in self._columns().items():
-                if isinstance(col, FileArray):
-                    col.keep(rows)
-                else:
-                    setattr(self, name, GrowingArray.of(col.view()[rows]))
-            self._base, self._mid, self._tail = _Run.empty(_KEY), _Run.empty(_KEY), GrowingArray(_KEY)
-            self._tail.extend(keys)
-            self.prepare()
-            return
-        keys, fps, ids = self.keys()[rows], self.fps.view()[rows], self.id_hash.view()[rows]
-        earlier, sketch = self.tags.view()[rows], self.sketch.view()[rows]
-        times = None if self.times is None else self.times.view()[rows]
-        self.__init__(self.scheme, self.band)  # type: ignore[misc]
-        if times is not None:
-            self.timed()
-        self.add(keys, fps, ids, sketch, earlier, times)
+        keys = self.keys()[rows]
+        for name, col in self._columns().items():
+            setattr(self, name, keep(col, rows))
+        self._base, self._mid, self._tail = _Run.empty(_KEY), _Run.empty(_KEY), GrowingArray(_KEY)
+        self._tail.extend(keys)
         self.prepare()
 
     def __len__(self) -> int:
@@ -330,18 +321,12 @@ class BandTable:
         out[len(self) - len(self._tail) :] = self._tail.view()
         return out
 
-    _STATE = {"fps": "fps", "id_hash": "id_hash", "tags": "tags", "sketch": "sketch", "times": "fetched"}
-
     def state(self) -> dict[str, np.ndarray]:
-        """The keys, and each column's values, or (a column in a file) the file's checksum
+        """The keys, and each column's values or (a column in a file) the file's checksum
         ``<name>_check``: the file itself is kept beside the snapshot."""
         out = {"keys": self.keys()}
         for name, col in self._columns().items():
-            key = self._STATE[name]
-            if isinstance(col, FileArray):
-                out[f"{key}_check"] = np.array(col.checksum(), dtype=np.uint64)
-            else:
-                out[key] = col.view()
+            out.update(column_state(self._spec(name)[0], col))
         return out
 
     @classmethod
@@ -352,41 +337,19 @@ class BandTable:
         snapshot's values are written to new files; files a snapshot describes are reopened, cut
         to its rows and checked (ValueError if one is missing, short or holds other values)."""
         keys = tags(state["keys"])  # (snapshots before 32-bit keys kept all 64 bits)
-        if path is None and "fps" not in state:
-            raise ValueError("the band snapshot keeps its columns in files, and no string file was given")
-        if path is None or all(key in state for key in ("fps", "id_hash", "sketch")):  # values in the snapshot
-            table = cls(scheme, band, path)
-            if "fetched" in state:
-                table.timed()
-            table.add(keys, state["fps"], state["id_hash"], state["sketch"], state["tags"], state.get("fetched"))
-            table.prepare()
-            return table
-        table = cls.__new__(cls)
-        table.scheme, table.band, table.path = scheme, band, path
-        table._base, table._mid, table._tail = _Run.empty(_KEY), _Run.empty(_KEY), GrowingArray(_KEY)
-        table.times = None
-        shapes = {"fps": (), "id_hash": (), "tags": (band,), "sketch": (scheme.sketch_bytes,), "times": ()}
-        dtypes = {"fps": _U64, "id_hash": _U64, "tags": np.uint32, "sketch": np.uint8, "times": np.int64}
-        opened: list[FileArray] = []
+        table = cls(scheme, band)  # (empty, in memory: its columns are replaced below)
+        table.path = path
+        names = ["fps", "id_hash", "tags", "sketch"]
+        if "fetched" in state or "fetched_check" in state:
+            names.append("times")
+        loaded: list[Column] = []
         try:
-            for name, key in cls._STATE.items():
-                if name == "times" and "fetched_check" not in state and "fetched" not in state:
-                    continue
-                if key in state:  # (band 0's empty tags)
-                    col: Column = GrowingArray.of(
-                        np.asarray(state[key], dtype=dtypes[name]).reshape(len(keys), *shapes[name])
-                    )
-                else:
-                    col = FileArray.open(
-                        dtypes[name], path + cls._SUFFIX[name], len(keys), int(state[f"{key}_check"]), shapes[name]
-                    )
-                    opened.append(col)
-                if len(col) != len(keys):
-                    raise ValueError(f"the band snapshot's {key} column has {len(col)} rows, not {len(keys)}")
-                setattr(table, name, col)
+            for name in names:
+                key, suffix, dtype, shape = table._spec(name)
+                loaded.append(column_from_state(key, dtype, state, len(keys), path, suffix, shape))
+                setattr(table, name, loaded[-1])
         except BaseException:
-            for c in opened:
-                c.close()
+            columns.close(loaded)
             raise
         table._tail.extend(keys)
         table.prepare()

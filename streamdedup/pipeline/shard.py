@@ -59,9 +59,10 @@ import numpy as np
 from streamdedup.engine.order import group_masks
 from streamdedup.errors import PlanError
 from streamdedup.fingerprinting.features import mix64
+from streamdedup.index import columns
 from streamdedup.index.arrays import GrowingArray
 from streamdedup.index.blocks import BlockIndex
-from streamdedup.index.file_array import FileArray
+from streamdedup.index.columns import Column, column_from_state, column_state, keep, new_column
 from streamdedup.index.hamming import HammingIndex
 from streamdedup.index.strings import StringHeap, texts_from_state, texts_state
 from streamdedup.index.tables import TableDesign
@@ -525,8 +526,8 @@ class _GroupStore:
         self.mask, self.earlier = masks[-1], masks[:-1]  # this group's bits, those of the groups before it
         # what an answer tells of a row, beside its fingerprint (the index's): in files next to the
         # string file when there is one (read only for the rows a probe finds; module doc)
-        self.fetched: Column = _column(np.int64, strings, ".fetched")
-        self.id_hash: Column = _column(np.uint64, strings, ".idhash")
+        self.fetched: Column = new_column(np.int64, strings, ".fetched")
+        self.id_hash: Column = new_column(np.uint64, strings, ".idhash")
         self.texts = StringHeap(strings)  # id of row r at 2r ("" when it is the url), its url at 2r + 1
 
     def _new_index(self) -> GroupIndex:
@@ -537,9 +538,7 @@ class _GroupStore:
 
     def close(self) -> None:
         self.texts.close()
-        for col in (self.fetched, self.id_hash):
-            if isinstance(col, FileArray):
-                col.close()
+        columns.close((self.fetched, self.id_hash))
 
     def _append(self, fetched: np.ndarray, id_hash: np.ndarray, strings: Callable[[], None]) -> None:
         """Append rows' columns and strings (``strings`` appends those): all or, if a write
@@ -568,8 +567,7 @@ class _GroupStore:
 
     @property
     def file_bytes(self) -> int:
-        cols = [c for c in (self.fetched, self.id_hash) if isinstance(c, FileArray)]
-        return sum(c.file_bytes for c in cols) + self.texts.file_bytes
+        return columns.file_bytes((self.fetched, self.id_hash)) + self.texts.file_bytes
 
     def probe_and_insert(
         self, sel, fps, fetched, id_hash, ids, urls, out: Answers, insert: bool = True, extra=None, cutoff=None
@@ -647,7 +645,7 @@ class _GroupStore:
 
     def state(self) -> dict[str, np.ndarray]:
         out = {f"index.{k}": v for k, v in self.index.state().items()}
-        out.update({**_column_state("fetched", self.fetched), **_column_state("id_hash", self.id_hash)})
+        out.update({**column_state("fetched", self.fetched), **column_state("id_hash", self.id_hash)})
         out.update(texts_state(self.texts))
         return out
 
@@ -663,8 +661,8 @@ class _GroupStore:
         rows = store.index.rows
         store.texts = texts_from_state(state, strings)
         try:
-            store.fetched = _column_from_state("fetched", np.int64, state, rows, strings, ".fetched")
-            store.id_hash = _column_from_state("id_hash", np.uint64, state, rows, strings, ".idhash")
+            store.fetched = column_from_state("fetched", np.int64, state, rows, strings, ".fetched")
+            store.id_hash = column_from_state("id_hash", np.uint64, state, rows, strings, ".idhash")
         except BaseException:
             store.texts.close()
             raise
@@ -690,12 +688,11 @@ class _GroupStore:
             return False
         live = np.flatnonzero(self.index.alive_rows())
         self.texts.keep(np.stack((2 * live, 2 * live + 1), axis=1).ravel())  # first: the writes that can fail
-        self.fetched, self.id_hash = _keep(self.fetched, live), _keep(self.id_hash, live)
+        self.fetched, self.id_hash = keep(self.fetched, live), keep(self.id_hash, live)
         self.index.keep_rows(live)
         return True
 
 
-Column = GrowingArray | FileArray
 GroupIndex = HammingIndex | BlockIndex
 
 
@@ -717,40 +714,6 @@ def _matched_fps(index: GroupIndex, found) -> np.ndarray:
         return found.fingerprint
     assert isinstance(index, HammingIndex)
     return index.fingerprints()[found.row]
-
-
-def _column(dtype: type, strings: str | None, suffix: str) -> Column:
-    """A store's column: in memory, or in the file ``strings + suffix``."""
-    return GrowingArray(dtype) if strings is None else FileArray(dtype, strings + suffix)
-
-
-def _keep(col: Column, rows: np.ndarray) -> Column:
-    """The column's values at ``rows`` (ascending) only."""
-    if isinstance(col, FileArray):
-        col.keep(rows)
-        return col
-    return GrowingArray.of(col.view()[rows])
-
-
-def _column_state(name: str, col: Column) -> dict[str, np.ndarray]:
-    """What a snapshot keeps of a column: its values, or the file's checksum."""
-    if isinstance(col, FileArray):
-        return {f"{name}_check": np.array(col.checksum(), dtype=np.uint64)}
-    return {name: col.view()}
-
-
-def _column_from_state(
-    name: str, dtype: type, state: dict[str, np.ndarray], rows: int, strings: str | None, suffix: str
-) -> Column:
-    """The column :func:`_column_state` describes, with ``rows`` values, in memory or in a file."""
-    if name in state:  # values in the snapshot: to memory, or to a new file
-        values = state[name]
-        if len(values) != rows:
-            raise ValueError(f"the snapshot's {name} column has {len(values)} rows, not {rows}")
-        return GrowingArray.of(values) if strings is None else FileArray.of(values.astype(dtype), strings + suffix)
-    if strings is None:
-        raise ValueError("the snapshot keeps its columns in files, and no string file was given")
-    return FileArray.open(dtype, strings + suffix, rows, int(state[f"{name}_check"]))
 
 
 def _read_snapshot(path: os.PathLike[str] | str) -> tuple[dict[str, np.ndarray], dict]:
