@@ -254,39 +254,55 @@ async def throughput(kafka, args, records: list[dict]) -> dict:
     }
 
 
+class Paced:
+    """Pages sent at a fixed rate (what is due every ~15 ms), each under a new id ``<prefix><i>-<id>``,
+    with its produce time (``sent``: id -> the ``time.time()`` just before ``send``)."""
+
+    def __init__(self, producer: AIOKafkaProducer, topic: str, records: list[dict], prefix: str = "lat") -> None:
+        self.producer, self.topic, self.records, self.prefix = producer, topic, records, prefix
+        self.sent: dict[str, float] = {}
+        self.count = 0
+
+    async def send(self) -> asyncio.Future:
+        i, self.count = self.count, self.count + 1
+        r = self.records[i % len(self.records)]
+        r = dict(r, id=f"{self.prefix}{i}-{r['id']}", fetched_at=datetime.now(UTC).isoformat())
+        self.sent[r["id"]] = time.time()
+        return await self.producer.send(self.topic, json.dumps(r).encode(), key=r["id"].encode())
+
+    async def run(self, rate: float, seconds: float, stop: asyncio.Event | None = None) -> None:
+        """Send ``rate * seconds`` pages at ``rate`` (sooner done if ``stop`` is set); wait for their acks."""
+        total, futures, t0 = int(rate * seconds), [], time.monotonic()
+        for i in range(total):
+            while time.monotonic() - t0 < i / rate:
+                await asyncio.sleep(0.015)
+            if stop is not None and stop.is_set():
+                break
+            futures.append(await self.send())
+        await asyncio.gather(*futures)
+
+
 async def latency(kafka, args, records: list[dict], rate: float) -> dict:
     """Pages produced at `rate` (what is due every ~15 ms) to an idle worker; verdict time - produce time."""
     topics, _ = await fresh_app(kafka, args.partitions)
     producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap, max_request_size=2 * MAX_RECORD)
-    sent: dict[str, float] = {}
-
-    async def send(i: int) -> asyncio.Future:
-        r = records[i % len(records)]
-        r = dict(r, id=f"lat{i}-{r['id']}", fetched_at=datetime.now(UTC).isoformat())
-        sent[r["id"]] = time.time()
-        return await producer.send(topics.pages, json.dumps(r).encode(), key=r["id"].encode())
-
+    paced = Paced(producer, topics.pages, records)
     warmup = 10 * args.partitions  # not counted: the first transaction on a partition starts its producer
     await producer.start()
     try:
         async with Verdicts(kafka, topics.verdicts) as got:
             ws = await start_workers(kafka, topics, args.workdir, 1)
-            await asyncio.gather(*[await send(i) for i in range(warmup)])
+            await asyncio.gather(*[await paced.send() for _ in range(warmup)])
             await got.wait(warmup, args.timeout)
-            total, futures, t0 = int(rate * args.latency_seconds), [], time.monotonic()
-            for i in range(total):
-                while time.monotonic() - t0 < i / rate:
-                    await asyncio.sleep(0.015)
-                futures.append(await send(warmup + i))
-            await asyncio.gather(*futures)
-            await got.wait(warmup + total, args.timeout)
+            await paced.run(rate, args.latency_seconds)
+            await got.wait(paced.count, args.timeout)
     finally:
         await producer.stop()
-    lat = np.array([got.at[k] - t for k, t in sent.items()])
+    lat = np.array([got.at[k] - t for k, t in paced.sent.items()])
     p50, p90, p99 = np.percentile(lat[warmup:], [50, 90, 99])
     return {
         "rate_per_s": rate,
-        "pages": total,
+        "pages": paced.count - warmup,
         "p50_s": p50,
         "p90_s": p90,
         "p99_s": p99,
@@ -296,15 +312,17 @@ async def latency(kafka, args, records: list[dict], rate: float) -> dict:
     }
 
 
-async def write_changelog(kafka, settings: Settings, pages: int, per_record: int) -> tuple[int, int]:
+async def write_changelog(kafka, settings: Settings, pages: int, per_record: int, first: int = 0) -> tuple[int, int]:
     """The shard changelog of `pages` random pages as workers write it: each (page, group) row in the
-    partition ShardPlan.probes gives it, per_record rows to a record; returns (rows, bytes)."""
+    partition ShardPlan.probes gives it, per_record rows to a record; returns (rows, bytes).  `first`:
+    the number of the first page (another first gives other pages: more of them, appended)."""
     plan = ShardPlan(table_design(settings), settings.partitions)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(first)
     fps, id_hash = rng.integers(0, 2**64, size=(2, pages), dtype=np.uint64)
-    fetched = 1_700_000_000_000 + 100 * np.arange(pages, dtype=np.int64)
-    urls = [f"https://docs.example.org/section-{i % 997}/chapter-{i % 31}/page-{i:08d}.html" for i in range(pages)]
-    ids = [f"example-docs/v{i % 7}/section-{i % 997}/chapter-{i % 31}/page-{i:08d}" for i in range(pages)]
+    numbers = range(first, first + pages)
+    fetched = 1_700_000_000_000 + 100 * np.arange(first, first + pages, dtype=np.int64)
+    urls = [f"https://docs.example.org/section-{i % 997}/chapter-{i % 31}/page-{i:08d}.html" for i in numbers]
+    ids = [f"example-docs/v{i % 7}/section-{i % 997}/chapter-{i % 31}/page-{i:08d}" for i in numbers]
     dest = plan.probes(fps).ravel()  # row j is (page j // n_groups, group j % n_groups)
     producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap, linger_ms=5, max_batch_size=1 << 20)
     futures, nbytes, writer = [], 0, struct.pack("<Q", time.time_ns())
