@@ -1,7 +1,8 @@
 """p99 produce -> verdict while a worker's index grows past 10 M pages (issue 11), on a real broker.
 
-    python bench/growth_latency.py [--pages 10000000] [--runs 1] [--rate PAGES_S] [--seconds 120]
-                                   [--fill-rate 150] [--lead 0.3] [--big ENTRIES] [--out bench/out/growth]
+    python bench/growth_latency.py [--pages 10000000] [--runs 1] [--rate PAGES_S] [--seconds 300]
+                                   [--fill-rate 0] [--lead 0.3] [--big ENTRIES] [--snapshot-interval 300]
+                                   [--out bench/out/growth]
 
 One run:
 
@@ -17,10 +18,13 @@ One run:
    started again (snapshots + the changelog tail); then the runs are read again (at most 3 times).
 3. The window (--seconds): corpus pages produced at --rate (default: half the rate of one worker
    on a corpus backlog, measured first), each under a new id, and at the same time synthetic
-   small pages at --fill-rate (their pages grow the index; their latency is reported apart).
+   small pages at --fill-rate if given (more growth, more load; their latency is reported apart).
+   The top-up of step 2 alone brings the big merges into the window.
    Every timed page's verdict latency is recorded: p50/p90/p99/max, and the worst per second.
 4. From the worker's log: the merges of >= 2**18 entries that ran (size, seconds, thread), and
-   the snapshots written, in the window.
+   the snapshots written, in the window.  The worker snapshots every --snapshot-interval
+   (default 300 s, the worker's own): a window of 300 s holds one round of them, as a worker's
+   steady state does.
 
 Worker logs are copied to --out; the worker's data (row files, snapshots) are removed after
 each run.  Prints one JSON line a run, then the medians.  See bench/README.md ("p99 while the
@@ -37,6 +41,7 @@ import platform
 import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -150,18 +155,22 @@ async def one_run(kafka, args, records: list[dict], rate: float, number: int) ->
     rows, nbytes = await write_changelog(kafka, settings, args.pages, args.rows_per_record)
     out["seed_write_s"] = time.monotonic() - t0
     trigger = args.workdir / f"trigger-{topics.app_id}"
-    env = {"PYTHONPATH": os.pathsep.join([str(PROBE), str(ROOT)]), "GROWTH_PROBE_TRIGGER": str(trigger)}
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(PROBE), str(ROOT)]),
+        "GROWTH_PROBE_TRIGGER": str(trigger),
+        "STREAMDEDUP_SNAPSHOT_INTERVAL": str(args.snapshot_interval),
+    }
     w = new_worker(kafka, topics, args.workdir, env=env)
     ready, _, (bulk_rows, bulk_s) = await timed_start(w)
     out.update({"replay_ready_s": ready, "replay_bulk_rows": bulk_rows})
     window_pages = int((rate + args.fill_rate) * args.seconds)
     seeded, topups = args.pages, []
-    for attempt in range(4):
+    for attempt in range(args.top_ups + 1):
         indexes = await read_runs(w, trigger)
         due = pages_to_merge(indexes, args.big, args.partitions)
         print(f"# {seeded:,} pages: next merge >= {args.big:,} entries in pages {due}", file=sys.stderr, flush=True)
         nearest = min((d for d in due if d >= 0), default=-1)
-        if attempt == 3 or window_pages * args.lead / 2 <= nearest <= window_pages * (1 - args.lead / 2):
+        if attempt == args.top_ups or window_pages * args.lead / 2 <= nearest <= window_pages * (1 - args.lead / 2):
             break
         if nearest < 0 or nearest < window_pages * args.lead / 2:
             # (a merge due at once, or none found: top up to the one after it)
@@ -188,12 +197,22 @@ async def one_run(kafka, args, records: list[dict], rate: float, number: int) ->
             await asyncio.gather(*[await timed.send() for _ in range(warmup)])
             await got.wait(warmup, args.timeout)
             load0, w0 = os.getloadavg(), time.time()
+            spy = None
+            if args.profile:  # py-spy on the worker (its threads apart) for the whole window
+                spy = subprocess.Popen(
+                    [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(w.proc.pid), "--threads",
+                     "--rate", "50", "--duration", str(int(args.seconds)), "--format", "raw", "--nonblocking",
+                     "--output", str(args.out / f"run{number}-{topics.app_id}-pyspy.txt")],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                )  # fmt: skip
             jobs = [timed.run(rate, args.seconds)]
             if args.fill_rate:
                 jobs.append(filler.run(args.fill_rate, args.seconds))
             await asyncio.gather(*jobs)
             await got.wait(timed.count + filler.count, args.timeout)
             w1, load1 = time.time(), os.getloadavg()
+            if spy is not None:
+                await asyncio.to_thread(spy.wait, 120)
     finally:
         await producer.stop()
     sent = list(timed.sent.items())[warmup:]
@@ -251,10 +270,20 @@ def main() -> None:
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--rate", type=float, help="timed pages/s (default: half one worker's rate on a backlog)")
     p.add_argument("--rate-pages", type=int, default=2000, help="corpus pages of the backlog that measures it")
-    p.add_argument("--seconds", type=float, default=120.0, help="the window")
-    p.add_argument("--fill-rate", type=float, default=150.0, help="synthetic pages/s during the window")
+    p.add_argument("--seconds", type=float, default=300.0, help="the window (300: one round of snapshots in it)")
+    p.add_argument("--fill-rate", type=float, default=0.0, help="synthetic pages/s besides, during the window")
     p.add_argument("--lead", type=float, default=0.3, help="the first big merge after this part of the window")
     p.add_argument("--big", type=int, help="entries of a big merge (default: 40%% of an index: 0.4 pages/partitions)")
+    p.add_argument(
+        "--snapshot-interval",
+        type=float,
+        default=300.0,
+        help="the worker's --snapshot-interval (its default; a window of as many seconds holds one round)",
+    )
+    p.add_argument(
+        "--top-ups", type=int, default=3, help="at most this many top-ups (0: the window right after the replay)"
+    )
+    p.add_argument("--profile", action="store_true", help="py-spy the worker during the window (raw stacks to --out)")
     p.add_argument("--rows-per-record", type=int, default=250, help="changelog rows per Kafka record")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the verdicts")
     p.add_argument("--out", type=Path, default=ROOT / "bench/out/growth", help="where the worker logs are kept")
@@ -263,6 +292,7 @@ def main() -> None:
     args.big = args.big or max(BlockIndex.BACKGROUND_MIN, int(0.4 * args.pages / args.partitions))
     keep, args.workdir = args.workdir is not None, args.workdir or Path(tempfile.mkdtemp(prefix="growth-"))
     args.workdir.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
     records, _ = load_pages(args.corpus, max(args.rate_pages, 1000))
     kafka = LocalKafka(name=f"growth-{os.getpid()}").start()
     try:

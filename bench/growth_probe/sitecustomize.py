@@ -62,7 +62,7 @@ def _watch(trigger: str) -> None:
     """Log every big index's runs each time the trigger file appears, then remove it."""
     while True:
         time.sleep(0.2)
-        big = [idx for idx in list(_INDEXES) if idx.rows >= 1 << 16]  # (not a batch's own small index)
+        big = [idx for idx in list(_INDEXES) if idx.rows >= 1 << 12]  # (not a batch's own small index)
         if not big or not os.path.exists(trigger):
             continue  # (the worker's fingerprinting processes load this module too: they hold no index)
         for idx in big:
