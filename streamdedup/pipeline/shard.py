@@ -366,14 +366,25 @@ class Shard:
         """Write the shard to ``path`` (the arrays as they are, replaced atomically; see
         :mod:`~streamdedup.pipeline.snapshot_file`), with ``meta`` (JSON-able: e.g. the
         changelog offset the snapshot covers)."""
+        write_arrays(path, self.snapshot_arrays(frozen=False), meta or {})
+
+    def snapshot_arrays(self, frozen: bool = True) -> dict[str, np.ndarray]:
+        """The arrays :meth:`save` writes, as they are now.  ``frozen``: none of them changes
+        afterwards, so they can be written from another thread while the shard goes on storing
+        pages: a BlockIndex's runs are kept (merges replace runs, never write into one; its alive
+        bits are a copy already), every other array is copied."""
         arrays: dict[str, np.ndarray] = {"plan": np.array(self.plan.describe()), "clock": np.array(self.clock)}
         if self.retention:
-            arrays.update(self._records.state())
+            arrays.update({k: v.copy() if frozen else v for k, v in self._records.state().items()})
             arrays["tombstones"] = _Records.as_keys(list(self.tombstones))
         for g, store in self._groups.items():
-            for name, value in store.state().items():
+            state = store.state()
+            if frozen:
+                keep = _unchanging(store)
+                state = {name: value if name in keep else value.copy() for name, value in state.items()}
+            for name, value in state.items():
                 arrays[f"g{g}.{name}"] = value
-        write_arrays(path, arrays, meta or {})
+        return arrays
 
     @classmethod
     def load(
@@ -756,6 +767,15 @@ def restored_clock_values(rows: Batch) -> np.ndarray:
     held one (0), their fetch time."""
     written = rows.rows["request"].astype(np.int64)
     return np.where(written > 0, written, np.maximum(rows.fetched, 0))
+
+
+def _unchanging(store: Store) -> set[str]:
+    """The names in ``store.state()`` of arrays that are never written in place afterwards: a
+    BlockIndex's runs (fingerprints, rows, directories), the bulk of a shard's snapshot."""
+    if not isinstance(store, _GroupStore) or not isinstance(store.index, BlockIndex):
+        return set()
+    runs = store.index.runs
+    return {f"index.{kind}{i}" for kind in ("fps", "rows", "dir") for i in range(runs)}
 
 
 def _rows(store: Store) -> int:
