@@ -170,14 +170,10 @@ async def one_run(kafka, args, records: list[dict], rate: float, number: int) ->
         due = pages_to_merge(indexes, args.big, args.partitions)
         print(f"# {seeded:,} pages: next merge >= {args.big:,} entries in pages {due}", file=sys.stderr, flush=True)
         nearest = min((d for d in due if d >= 0), default=-1)
-        if attempt == args.top_ups or window_pages * args.lead / 2 <= nearest <= window_pages * (1 - args.lead / 2):
+        # (a merge due sooner than --lead is in the window too: only one beyond it calls for a
+        # top-up; none found within the simulation's limit, none)
+        if attempt == args.top_ups or nearest <= window_pages * (1 - args.lead / 2):
             break
-        if nearest < 0 or nearest < window_pages * args.lead / 2:
-            # (a merge due at once, or none found: top up to the one after it)
-            later = [d for d in due if d > window_pages * args.lead]
-            if not later:
-                break
-            nearest = later[0]
         top_up = nearest - int(window_pages * args.lead)
         await asyncio.to_thread(w.stop, 300)
         await write_changelog(kafka, settings, top_up, args.rows_per_record, first=seeded)
