@@ -21,10 +21,11 @@ One run:
    small pages at --fill-rate if given (more growth, more load; their latency is reported apart).
    The top-up of step 2 alone brings the big merges into the window.
    Every timed page's verdict latency is recorded: p50/p90/p99/max, and the worst per second.
-4. From the worker's log: the merges of >= 2**18 entries that ran (size, seconds, thread), and
-   the snapshots written, in the window.  The worker snapshots every --snapshot-interval
-   (default 300 s, the worker's own): a window of 300 s holds one round of them, as a worker's
-   steady state does.
+4. From the worker's log: the merges that started in the window (BlockIndex logs those of at
+   least ``LOG_MERGE_MIN`` entries at INFO: size, seconds, thread), and the snapshots written
+   (when each write started, its seconds, how long it waited for the writer thread).  The worker snapshots every --snapshot-interval
+   (default 300 s, the worker's own), its shards staggered over the interval: a window of 300 s
+   holds one round of them, as a worker's steady state does.
 
 Worker logs are copied to --out; the worker's data (row files, snapshots) are removed after
 each run.  Prints one JSON line a run, then the medians.  See bench/README.md ("p99 while the
@@ -72,8 +73,11 @@ from streamdedup.index.blocks import BlockIndex
 
 PROBE = Path(__file__).resolve().parent / "growth_probe"  # its sitecustomize instruments the worker
 RUNS = re.compile(r"growth-probe: runs of mask (0x[0-9a-f]+): \[([\d, ]*)\] pending \[([\d, ]*)\]")
-MERGE = re.compile(r"growth-probe: merge of (\d+) entries \((\d+) \+ (\d+)\) (\S+), started ([\d.]+), ([\d.]+) s")
-SNAPSHOT = re.compile(r"snapshot of shard (\d+): (\d+) entries to changelog offset \d+ in ([\d.]+)s")
+# BlockIndex's own log line (INFO from BlockIndex.LOG_MERGE_MIN entries); it is logged when the merge ends
+MERGE = re.compile(r"index merge of (\d+) entries \((\d+) \+ (\d+)\) in ([\d.]+)s, mask 0x[0-9a-f]+, thread (\S+)")
+SNAPSHOT = re.compile(
+    r"snapshot of shard (\d+): (\d+) entries to changelog offset \d+ in ([\d.]+)s(?: \(taken ([\d.]+)s before\))?"
+)
 WORDS = np.array(
     "page index shard merge stream worker broker verdict table group block run entry latency window crawl fetch "
     "near duplicate simhash fingerprint bucket directory offset partition record batch replay snapshot commit "
@@ -222,14 +226,21 @@ async def one_run(kafka, args, records: list[dict], rate: float, number: int) ->
         {
             "entries": int(m[1]),
             "runs": [int(m[2]), int(m[3])],
-            "thread": m[4],
-            "start_s": round(float(m[5]) - w0, 2),
-            "seconds": float(m[6]),
+            "thread": m[5],
+            "start_s": round(at_ - float(m[4]) - w0, 2),
+            "seconds": float(m[4]),
         }
-        for _, m in in_window(w, MERGE, w0, w1 + 1)
+        for at_, m in in_window(w, MERGE, w0 - 60, w1 + 1)
+        if at_ - float(m[4]) >= w0  # (started in the window)
     ]
-    snapshots = [
-        {"shard": int(m[1]), "entries": int(m[2]), "at_s": round(at_ - w0, 2), "seconds": float(m[3])}
+    snapshots = [  # at_s: when its write started (after waiting its turn for the writer thread)
+        {
+            "shard": int(m[1]),
+            "entries": int(m[2]),
+            "at_s": round(at_ - float(m[3]) - w0, 2),
+            "seconds": float(m[3]),
+            "queued_s": float(m[4] or 0),
+        }
         for at_, m in in_window(w, SNAPSHOT, w0, w1 + 1)
     ]
     out.update(

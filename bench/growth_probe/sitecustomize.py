@@ -1,12 +1,10 @@
 """Instrumentation for bench/growth_latency.py, loaded by the worker processes it starts (this
 directory is put first on their PYTHONPATH, so Python imports this module at startup).
 
-It changes no answer; it only logs, through the worker's own log:
-
-* every index merge of at least ``BlockIndex.BACKGROUND_MIN`` entries: its size, its seconds,
-  and whether it ran in a background thread or on the event loop's thread;
-* on request (the bench creates the file named by ``GROWTH_PROBE_TRIGGER``), the sorted runs of
-  every live BlockIndex, so the bench can compute when the next big merge comes due.
+It changes no answer; on request (the bench creates the file named by ``GROWTH_PROBE_TRIGGER``)
+it logs the sorted runs of every live BlockIndex, through the worker's log file, so the bench can
+compute when the next big merge comes due.  (The merges themselves are logged by BlockIndex:
+"index merge of N entries ..." at INFO from ``BlockIndex.LOG_MERGE_MIN`` entries.)
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ import weakref
 from streamdedup.index.blocks import BlockIndex
 
 _INDEXES: weakref.WeakSet[BlockIndex] = weakref.WeakSet()
-_MAIN = threading.main_thread()
 
 
 def _log(message: str, *args: object) -> None:
@@ -32,26 +29,13 @@ def _log(message: str, *args: object) -> None:
 
 
 def _install() -> None:
-    init, merged = BlockIndex.__init__, BlockIndex._merged
+    init = BlockIndex.__init__
 
     def tracked_init(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         init(self, *args, **kwargs)
         _INDEXES.add(self)
 
-    def timed_merged(self, old, new):  # type: ignore[no-untyped-def]
-        t0, wall = time.perf_counter(), time.time()
-        out = merged(self, old, new)
-        n = len(old) + len(new)
-        if n >= BlockIndex.BACKGROUND_MIN:
-            where = "event-loop" if threading.current_thread() is _MAIN else "background"
-            _log(
-                "growth-probe: merge of %d entries (%d + %d) %s, started %.3f, %.3f s",
-                n, len(old), len(new), where, wall, time.perf_counter() - t0,
-            )  # fmt: skip
-        return out
-
     BlockIndex.__init__ = tracked_init  # type: ignore[method-assign]
-    BlockIndex._merged = timed_merged  # type: ignore[method-assign]
 
     trigger = os.environ.get("GROWTH_PROBE_TRIGGER")
     if trigger:

@@ -40,8 +40,10 @@ scans the bucket eight fingerprints at a time, with the next buckets prefetched.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import threading
+import time
 from collections.abc import Iterable
 from types import ModuleType
 
@@ -60,6 +62,8 @@ _MAX_ROWS = 2**32 - 1
 MERGE_NICENESS = 10
 #: Entries per chunk in the numpy passes over whole runs (bounds their temporaries).
 _CHUNK = 1 << 22
+
+log = logging.getLogger(__name__)
 
 
 def _kernel_module(compiled: bool | None) -> ModuleType | None:
@@ -160,6 +164,10 @@ class BlockIndex:
     SMALL_RUN = 1 << 14
     #: Merges writing at least this many entries run in a thread (when ``background``).
     BACKGROUND_MIN = 1 << 18
+    #: Merges writing at least this many entries are logged at INFO, the others at DEBUG: the
+    #: index's biggest single jobs (at 10 M pages a worker's group index is ~2.5 M entries, and
+    #: its merge holds its inputs and output at once), for operators to see when they ran.
+    LOG_MERGE_MIN = 1 << 20
     #: Runs of at least this many entries get a bucket directory; smaller ones are binary-searched.
     DIRECTORY_MIN = 1 << 12
     #: Entries per directory bucket at least (so a directory costs <= 4/PER_BUCKET bytes an entry).
@@ -537,7 +545,7 @@ class BlockIndex:
 
     def _merged(self, old: _Run, new: _Run) -> _Run:
         """One run of two adjacent ones (``old``'s rows are the smaller), in exact-size arrays."""
-        n = len(old) + len(new)
+        n, t0 = len(old) + len(new), time.perf_counter()
         fps, rows = np.empty(n, dtype=_U64), np.empty(n, dtype=np.uint32)
         fast = self._fast()
         if fast is not None:
@@ -550,7 +558,20 @@ class BlockIndex:
             from_old[at] = False
             fps[at], rows[at] = new.fps, new.rows
             fps[from_old], rows[from_old] = old.fps, old.rows
-        return self._run(fps, rows, None, build_directory=fast)
+        merged = self._run(fps, rows, None, build_directory=fast)
+        level = logging.INFO if n >= self.LOG_MERGE_MIN else logging.DEBUG
+        if log.isEnabledFor(level):  # (the small merges come with nearly every insert)
+            log.log(
+                level,
+                "index merge of %d entries (%d + %d) in %.3fs, mask %#x, thread %s",
+                n,
+                len(old),
+                len(new),
+                time.perf_counter() - t0,
+                self.mask,
+                threading.current_thread().name,
+            )
+        return merged
 
     def _poll(self) -> None:
         """Swap in a finished background merge (and start the merges it makes due)."""

@@ -904,7 +904,7 @@ class Worker:
             if compacted := self.store.shard(s).compacted:
                 log.info("shard %d: expired pages compacted away, %d entries live", s, len(self.store.shard(s)))
             if self.store.snapshot_due(s, self.settings.snapshot_interval) or compacted:
-                self.store.snapshot(s, background=True)  # (written in a thread: the stream goes on)
+                self.store.snapshot(s, background=True)  # (queued for the store's writer thread; staggered)
 
     def answer_from_standbys(self, now: float | None = None) -> int:
         """Matches for pages stalled on a shard partition whose standby this worker holds.
