@@ -16,7 +16,8 @@ One run:
    brings, the worker is stopped (it writes its snapshots), the changelog is topped up with
    synthetic pages to bring it --lead of the window's pages before that merge, and the worker is
    started again (snapshots + the changelog tail); then the runs are read again (at most 3 times).
-3. The window (--seconds): corpus pages produced at --rate (default: half the rate of one worker
+3. The set-up's dirty pages are written back (``sync``; --no-sync: not).
+   The window (--seconds): corpus pages produced at --rate (default: half the rate of one worker
    on a corpus backlog, measured first), each under a new id, and at the same time synthetic
    small pages at --fill-rate if given (more growth, more load; their latency is reported apart).
    The top-up of step 2 alone brings the big merges into the window.
@@ -185,6 +186,14 @@ async def one_run(kafka, args, records: list[dict], rate: float, number: int) ->
         topups.append(top_up)
         await timed_start(w)
     out.update({"pages_before_window": seeded, "top_ups": topups, "pages_to_big_merges": due})
+    if not args.no_sync:
+        # The set-up leaves GBs in the page cache (the changelog fill in the broker's logs, the
+        # replay's row files, the snapshots of each restart): the kernel writes them back in
+        # bursts of up to 1 GB a second within ~30 s, and a window's first seconds stalled with
+        # them (bench/README.md).  Written back now: the window measures the steady state.
+        t0 = time.monotonic()
+        await asyncio.to_thread(os.sync)
+        out["sync_s"] = time.monotonic() - t0
     out["entries_per_index_before"] = sorted(sum(runs) for _, runs in indexes)
     out["runs_of_an_index_before"] = indexes[0][1] if indexes else []
     fill = synthetic_pages(int(args.fill_rate * args.seconds) + 1, number)
@@ -289,6 +298,9 @@ def main() -> None:
     )
     p.add_argument(
         "--top-ups", type=int, default=3, help="at most this many top-ups (0: the window right after the replay)"
+    )
+    p.add_argument(
+        "--no-sync", action="store_true", help="start the window without writing the set-up's dirty pages back first"
     )
     p.add_argument("--profile", action="store_true", help="py-spy the worker during the window (raw stacks to --out)")
     p.add_argument("--rows-per-record", type=int, default=250, help="changelog rows per Kafka record")
