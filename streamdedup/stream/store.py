@@ -37,10 +37,12 @@ import asyncio
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
+from concurrent.futures import Future
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,13 +57,30 @@ from streamdedup.errors import PlanError, SchemeError
 from streamdedup.fingerprinting import SCHEME as FINGERPRINT_SCHEME
 from streamdedup.pipeline.shard import Plan, Shard
 from streamdedup.pipeline.snapshot_file import write_arrays
-from streamdedup.pipeline.wire import CHANGELOG, decode, row_counts
+from streamdedup.pipeline.wire import CHANGELOG, Batch, decode, row_counts
 
 __all__ = ["BulkReplay", "ShardStore", "NotAssigned", "SCHEME", "snapshot_meta", "stale_snapshot", "load_snapshot"]
 
 SCHEME = "sdshard"  # the faust store URL scheme (not the fingerprint scheme)
 END_OFFSETS_TIMEOUT = 5.0  # seconds a rebalance waits for the changelog's end offsets
 log = logging.getLogger(__name__)
+
+
+#: The interpreter's thread switch interval during a bulk replay (seconds; Python's default is
+#: 0.005).  Its reader thread (parsing fetches) holds the GIL most of the time, and every write
+#: the event loop makes (a ``pwrite`` releases the GIL) then waits up to a switch interval to
+#: take it back: with the default, those waits were a third of the replay (py-spy).
+BULK_SWITCH_INTERVAL = float(os.environ.get("STREAMDEDUP_BULK_SWITCH_INTERVAL", "0.0005"))
+
+
+@contextlib.contextmanager
+def _switch_interval(seconds: float) -> Iterator[None]:
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
 
 
 def snapshot_meta(offset: int, changelog: str) -> dict:
@@ -148,6 +167,18 @@ class BulkReplay:
 
 class NotAssigned(LookupError):
     """A shard was asked for a partition this worker holds neither active nor standby."""
+
+
+@dataclass
+class _Run:
+    """Changelog records of one partition, decoded and regrouped (:meth:`ShardStore._prepare`)."""
+
+    partition: int
+    messages: Sequence[Any]
+    records: list[Any]  # those with a value
+    rows: Batch
+    groups: list[tuple[int, Batch]]
+    filled: Future[None] | None  # (their strings: filled in the writer thread, Shard.write_ahead)
 
 
 class ShardStore(base.Store):
@@ -341,6 +372,12 @@ class ShardStore(base.Store):
         ``offset``: faust's messages or the bulk reader's records) into the shard of ``partition``.
         The one path of both faust's recovery and the bulk replay.  Raises SchemeError / PlanError
         (after stopping the worker) for records the shard cannot hold."""
+        self._apply(self._prepare(partition, messages))
+
+    def _prepare(self, partition: int, messages: Sequence[Any], ahead: bool = False) -> _Run:
+        """The first half of :meth:`_restore`: decode ``messages`` and regroup their rows; with
+        ``ahead``, start writing their strings in a thread (:meth:`Shard.write_ahead`) while the
+        caller goes on, e.g. applies the run before (the shard holds none of them yet)."""
         records = [m for m in messages if m.value]
         try:
             rows = decode([m.value for m in records], CHANGELOG)
@@ -348,8 +385,25 @@ class ShardStore(base.Store):
             self._refuse(partition, e)
             raise
         shard = self.shard(partition)
+        groups, fill = rows.by_group_later()
+        filled = None
+        if ahead:
+            try:
+                filled = shard.write_ahead(rows, groups, fill)  # (fills the groups' strings too)
+            except PlanError as e:
+                self._refuse_plan(partition, e)
+                raise
+        elif fill is not None:
+            fill()
+        return _Run(partition, messages, records, rows, groups, filled)
+
+    def _apply(self, run: _Run) -> None:
+        """The second half of :meth:`_restore`: store a prepared run (raising the error of a
+        string write ahead that failed before the shard holds any of it), then its offset."""
+        partition, messages, records, rows = run.partition, run.messages, run.records, run.rows
+        shard = self.shard(partition)
         try:
-            shard.restore(rows)
+            shard.restore(rows, run.groups, run.filled)
         except PlanError as e:
             self._refuse_plan(partition, e)
             raise
@@ -426,6 +480,10 @@ class ShardStore(base.Store):
             await self._bulk_replay(self.bulk, topic, keep)
 
     async def _bulk_replay(self, bulk: BulkReplay, topic: str, partitions: set[int]) -> None:
+        with _switch_interval(BULK_SWITCH_INTERVAL):
+            await self._bulk_replay_runs(bulk, topic, partitions)
+
+    async def _bulk_replay_runs(self, bulk: BulkReplay, topic: str, partitions: set[int]) -> None:
         """Replay the long changelog tails of ``partitions`` with the bulk reader, before faust's
         recovery reads :meth:`persisted_offset` (right after this callback): faust then replays
         only what is left.  Bounded by ``bulk.timeout``; a timeout or an error leaves the rest to
@@ -456,6 +514,19 @@ class ShardStore(base.Store):
                     log.warning("cannot send the group heartbeats during the bulk replay: %r", e)
             timeout = bulk.timeout if rejoin is not None else min(bulk.timeout, bulk.unkept_timeout)
             reader = bulk.read(topic, ranges)
+            # One run behind: a run is decoded and its strings written ahead in a thread
+            # (_prepare) while the run before it is stored (_apply); a run is counted restored
+            # (its offset) only once its writes are done.
+            prepared: _Run | None = None
+
+            def apply_prepared() -> None:
+                nonlocal prepared, records, rows
+                if prepared is not None:
+                    run, prepared = prepared, None
+                    self._apply(run)
+                    records += len(run.messages)
+                    rows += len(run.rows)
+
             try:
                 async with asyncio.timeout(timeout):
                     async for partition, run in reader:
@@ -468,21 +539,28 @@ class ShardStore(base.Store):
                         if partition not in self.assigned:  # (cannot happen within one callback)
                             continue
                         if not run:  # read to its end: control records up to it hold no rows
+                            apply_prepared()  # (first: the offset below claims its records)
                             self.shard(partition)
                             self.offsets[partition] = max(ranges[partition][1] - 1, self.offsets.get(partition, -1))
                             done.add(partition)
                             continue
-                        self._restore(partition, run)
-                        records += len(run)
-                        rows += sum(row_counts([r.value for r in run if r.value]).tolist())
+                        following = self._prepare(partition, run, ahead=True)
+                        apply_prepared()
+                        prepared = following
                         if bulk.check is not None:
                             await bulk.check()
                         await asyncio.sleep(0)  # the web server and the other tasks go on meanwhile
+                    apply_prepared()
             except (SchemeError, PlanError):
                 return  # _restore stopped the worker: faust's recovery would refuse the same records
             except (TimeoutError, Exception) as e:
                 stopped = f"{type(e).__name__}: {str(e) or f'not done within {timeout:g}s'}"
             finally:
+                if prepared is not None:
+                    try:  # (decoded and written ahead already: stored, as before the stop)
+                        apply_prepared()
+                    except Exception as e:
+                        stopped = stopped or f"{type(e).__name__}: {e}"
                 try:  # (stops its consumer) an error here must not fail the rebalance: faust would crash
                     await asyncio.wait_for(reader.aclose(), END_OFFSETS_TIMEOUT)
                 except (TimeoutError, Exception) as e:
