@@ -70,7 +70,7 @@ log = logging.getLogger(__name__)
 #: 0.005).  Its reader thread (parsing fetches) holds the GIL most of the time, and every write
 #: the event loop makes (a ``pwrite`` releases the GIL) then waits up to a switch interval to
 #: take it back: with the default, those waits were a third of the replay (py-spy).
-BULK_SWITCH_INTERVAL = float(os.environ.get("STREAMDEDUP_BULK_SWITCH_INTERVAL", "0.0005"))
+BULK_SWITCH_INTERVAL = 0.0005
 
 
 @contextlib.contextmanager
@@ -514,18 +514,23 @@ class ShardStore(base.Store):
                     log.warning("cannot send the group heartbeats during the bulk replay: %r", e)
             timeout = bulk.timeout if rejoin is not None else min(bulk.timeout, bulk.unkept_timeout)
             reader = bulk.read(topic, ranges)
-            # One run behind: a run is decoded and its strings written ahead in a thread
-            # (_prepare) while the run before it is stored (_apply); a run is counted restored
-            # (its offset) only once its writes are done.
+            # One run behind: a run is decoded, and its strings regrouped and written ahead in a
+            # thread (_prepare), while the run before it is stored (_apply).  A run counts as
+            # restored (its offset, the check after it) only once it is stored, its writes done.
+            # A stop the group or the worker asks for drops the run in hand (faust's recovery
+            # replays it; its writes ahead are dropped at the next append to those files); an
+            # error stores it first, as it would have been before the error.
             prepared: _Run | None = None
 
-            def apply_prepared() -> None:
+            def apply_prepared() -> bool:
                 nonlocal prepared, records, rows
-                if prepared is not None:
-                    run, prepared = prepared, None
-                    self._apply(run)
-                    records += len(run.messages)
-                    rows += len(run.rows)
+                if prepared is None:
+                    return False
+                run, prepared = prepared, None
+                self._apply(run)
+                records += len(run.messages)
+                rows += len(run.rows)
+                return True
 
             try:
                 async with asyncio.timeout(timeout):
@@ -539,28 +544,34 @@ class ShardStore(base.Store):
                         if partition not in self.assigned:  # (cannot happen within one callback)
                             continue
                         if not run:  # read to its end: control records up to it hold no rows
-                            apply_prepared()  # (first: the offset below claims its records)
+                            if (
+                                apply_prepared() and bulk.check is not None
+                            ):  # (first: the offset below claims its records)
+                                await bulk.check()
                             self.shard(partition)
                             self.offsets[partition] = max(ranges[partition][1] - 1, self.offsets.get(partition, -1))
                             done.add(partition)
                             continue
                         following = self._prepare(partition, run, ahead=True)
-                        apply_prepared()
+                        applied = apply_prepared()
                         prepared = following
-                        if bulk.check is not None:
+                        if applied and bulk.check is not None:
                             await bulk.check()
                         await asyncio.sleep(0)  # the web server and the other tasks go on meanwhile
-                    apply_prepared()
+                    else:  # (read to the end: the last run; not after a break)
+                        if apply_prepared() and bulk.check is not None:
+                            await bulk.check()
             except (SchemeError, PlanError):
                 return  # _restore stopped the worker: faust's recovery would refuse the same records
             except (TimeoutError, Exception) as e:
                 stopped = f"{type(e).__name__}: {str(e) or f'not done within {timeout:g}s'}"
+                try:
+                    apply_prepared()
+                except (SchemeError, PlanError):
+                    return
+                except Exception as again:
+                    stopped += f"; then {type(again).__name__}: {again}"
             finally:
-                if prepared is not None:
-                    try:  # (decoded and written ahead already: stored, as before the stop)
-                        apply_prepared()
-                    except Exception as e:
-                        stopped = stopped or f"{type(e).__name__}: {e}"
                 try:  # (stops its consumer) an error here must not fail the rebalance: faust would crash
                     await asyncio.wait_for(reader.aclose(), END_OFFSETS_TIMEOUT)
                 except (TimeoutError, Exception) as e:
