@@ -8,9 +8,10 @@ restart replays only the changelog's tail.  Snapshots are written by the shard s
 batches, when the shard and its offset agree, and when the worker stops.
 
 A long tail is not left to faust's per-record path: :meth:`ShardStore.on_rebalance` reads it
-first with a consumer of the worker's own and restores whole fetched runs through the same
-:meth:`ShardStore._restore` (:class:`BulkReplay`, docs/faust-notes.md §14); faust's recovery then
-starts after what it reached.
+first with a consumer of the worker's own and restores whole fetched runs through the two halves
+of the same :meth:`ShardStore._restore` (:class:`BulkReplay`, docs/faust-notes.md §14), one run
+behind: a run's strings and columns are written by a thread while the run before it is stored;
+faust's recovery then starts after what it reached.
 
 A snapshot is used only if it matches the cluster: the same changelog topic and shard plan,
 the same fingerprint scheme, and an offset the changelog has reached.  One that does not (the
