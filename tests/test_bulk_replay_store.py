@@ -130,7 +130,8 @@ def test_a_bulk_read_that_fails_part_way_leaves_the_rest_to_faust_from_the_offse
     changelog.fail_after = 2  # two runs of 3 records of partition 0, then the reader raises
     asyncio.run(assign(worker, monkeypatch, {0, 1}))
     store, topic = worker.store, worker.store._changelog()
-    assert store.persisted_offset(TP(topic, 0)) == 5 and len(store.shards[0]) == 6 * 5
+    # (the first run stored; the second was in hand, one run behind, and is dropped)
+    assert store.persisted_offset(TP(topic, 0)) == 2 and len(store.shards[0]) == 3 * 5
     assert store.persisted_offset(TP(topic, 1)) is None and 1 not in store.shards
     _faust_recovery(store, changelog)
     assert {p: len(store.shards[p]) for p in (0, 1)} == {0: 50, 1: 20}

@@ -518,9 +518,9 @@ class ShardStore(base.Store):
             # One run behind: a run is decoded, and its strings regrouped and written ahead in a
             # thread (_prepare), while the run before it is stored (_apply).  A run counts as
             # restored (its offset, the check after it) only once it is stored, its writes done.
-            # A stop the group or the worker asks for drops the run in hand (faust's recovery
-            # replays it; its writes ahead are dropped at the next append to those files); an
-            # error stores it first, as it would have been before the error.
+            # A stop (the group or the worker asks for one, an error, the deadline) drops the run
+            # in hand: faust's recovery replays it, and its writes ahead are dropped at the next
+            # append to those files.
             prepared: _Run | None = None
 
             def apply_prepared() -> bool:
@@ -566,12 +566,6 @@ class ShardStore(base.Store):
                 return  # _restore stopped the worker: faust's recovery would refuse the same records
             except (TimeoutError, Exception) as e:
                 stopped = f"{type(e).__name__}: {str(e) or f'not done within {timeout:g}s'}"
-                try:
-                    apply_prepared()
-                except (SchemeError, PlanError):
-                    return
-                except Exception as again:
-                    stopped += f"; then {type(again).__name__}: {again}"
             finally:
                 try:  # (stops its consumer) an error here must not fail the rebalance: faust would crash
                     await asyncio.wait_for(reader.aclose(), END_OFFSETS_TIMEOUT)
