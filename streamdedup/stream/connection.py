@@ -94,7 +94,7 @@ BULK_FETCH_MAX_BYTES = 16 * 2**20
 BULK_PARTITION_FETCH_BYTES = 8 * 2**20
 #: Runs the bulk reader fetches ahead of the caller (each up to BULK_FETCH_MAX_BYTES).
 BULK_READ_AHEAD = 1
-#: Bytes the bulk reader's sockets ask for at a time.  asyncio's default (256 KiB) reads a 64 MiB
+#: Bytes the bulk reader's sockets ask for at a time.  asyncio's default (256 KiB) reads a 16 MiB
 #: fetch response in hundreds of turns of the reader's event loop, each taking the GIL back from
 #: the restore and pausing and resuming the socket (aiokafka's stream buffer limit is 64 KiB).
 BULK_RECV_BYTES = 4 * 2**20

@@ -68,9 +68,10 @@ log = logging.getLogger(__name__)
 
 
 #: The interpreter's thread switch interval during a bulk replay (seconds; Python's default is
-#: 0.005).  Its reader thread (parsing fetches) holds the GIL most of the time, and every write
-#: the event loop makes (a ``pwrite`` releases the GIL) then waits up to a switch interval to
-#: take it back: with the default, those waits were a third of the replay (py-spy).
+#: 0.005).  Its reader thread (copying and parsing fetches) holds the GIL most of the time, and
+#: a thread that released it (a ``pwrite``, a numba kernel) waits up to a switch interval to take
+#: it back (py-spy before this: the event loop's writes, ~37 % of its time, mostly on the
+#: ``pwrite`` line).  Not measured apart from the other changes of docs/faust-notes.md §14.
 BULK_SWITCH_INTERVAL = 0.0005
 
 
@@ -545,9 +546,8 @@ class ShardStore(base.Store):
                         if partition not in self.assigned:  # (cannot happen within one callback)
                             continue
                         if not run:  # read to its end: control records up to it hold no rows
-                            if (
-                                apply_prepared() and bulk.check is not None
-                            ):  # (first: the offset below claims its records)
+                            # (first the run in hand: the offset below claims its records)
+                            if apply_prepared() and bulk.check is not None:
                                 await bulk.check()
                             self.shard(partition)
                             self.offsets[partition] = max(ranges[partition][1] - 1, self.offsets.get(partition, -1))
