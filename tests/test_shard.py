@@ -9,9 +9,11 @@ from damage import damage as damage_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from streamdedup.index.file_array import FileArray
 from streamdedup.index.strings import StringHeap
 from streamdedup.index.tables import TableDesign
 from streamdedup.pipeline.shard import Shard, ShardPlan
+from streamdedup.pipeline.wire import Batch
 
 
 def pages(seed: int, n: int):
@@ -370,6 +372,111 @@ def test_a_write_that_fails_after_the_strings_leaves_the_shard_as_it_was(tmp_pat
     assert len(shard) == len(twin)
     later = (fps[100:], fetched[100:], id_hash[100:], ids[100:])
     assert answer_all(shard, plan, *later) == answer_all(twin, plan, *later)
+
+
+def _changelog_rows(seed: int, n: int, plan: ShardPlan) -> Batch:
+    """n pages as a shard's changelog holds them: a row per page and group, groups interleaved."""
+    fps, fetched, id_hash, ids = pages(seed, n)
+    rep = np.repeat(np.arange(n), plan.n_groups)
+    page_ids = [ids[i] for i in rep.tolist()]
+    return Batch.build(
+        group=np.tile(np.arange(plan.n_groups), n),
+        fps=fps[rep],
+        fetched=fetched[rep],
+        id_hash=id_hash[rep],
+        ids=page_ids,
+        urls=[f"http://x.test/{x}/✓" for x in page_ids],
+    )
+
+
+def _shard_files(tmp_path) -> dict[str, int]:
+    return {f.name: f.stat().st_size for f in sorted(tmp_path.glob("s.g*"))}
+
+
+def _probe(shard: Shard, rows: Batch) -> tuple:
+    a = shard.probe_and_insert(rows.group, rows.fps, rows.fetched, rows.id_hash, rows.ids(), rows.urls(), store=False)
+    return a.distance.tolist(), a.ids, a.urls
+
+
+def test_strings_and_columns_written_ahead_read_back_as_appended(tmp_path):
+    """Writes ahead (in the writer thread) of several appends in a row, one append that was not
+    written ahead (the ones ahead of it are dropped and written again), and a close with writes
+    still ahead: the heap and the column read back as if every append had been made at once."""
+    h, col = StringHeap(tmp_path / "h"), FileArray(np.int64, tmp_path / "c")
+    words = [f"wörd-{i}" * (i % 5) for i in range(300)]
+    blobs = [("".join(words[i : i + 100]).encode(), words[i : i + 100]) for i in range(0, 300, 100)]
+    lengths = [np.array([len(w.encode()) for w in part]) for _, part in blobs]
+    values = [np.arange(i, i + 100) for i in range(0, 300, 100)]
+    for (blob, _), n, v in zip(blobs, lengths, values):
+        h.write_ahead(blob, n)
+        col.write_ahead(v)
+    for (blob, _), n, v in zip(blobs[:2], lengths, values):
+        h.extend_raw(blob, n)
+        col.extend(v)
+    assert [h[i] for i in range(len(h))] == words[:200] and col.view().tolist() == list(range(200))
+    h.extend(["another"])  # (not written ahead: the third blob's write is dropped)
+    col.extend(np.array([-1]))
+    h.extend_raw(*((blobs[2][0], lengths[2])))
+    col.extend(values[2])
+    assert [h[i] for i in range(len(h))] == words[:200] + ["another"] + words[200:]
+    assert col.view().tolist() == list(range(200)) + [-1] + list(range(200, 300))
+    h.write_ahead(b"never numbered", np.array([5, 9]))
+    col.write_ahead(np.arange(7))
+    size, n = h.size, len(col)
+    h.close()
+    col.close()
+    assert (tmp_path / "h").stat().st_size == size and (tmp_path / "c").stat().st_size == 8 * n
+
+
+# the first group's strings, its ends, the second group's id hashes; the regrouping of the strings
+@pytest.mark.parametrize("failing", [0, 2, 5, "fill"])
+def test_a_write_ahead_that_fails_in_its_thread_leaves_the_shard_as_it_was(tmp_path, monkeypatch, failing):
+    """A replay regroups a batch's strings and writes them and its columns ahead in a thread
+    while it decodes the next: one of those writes fails (a full disk), or the regrouping does,
+    so the batch's restore raises before any group stores a row of it, every file is cut back,
+    and the batch restored again (as faust's recovery would) gives the shard a twin in memory has."""
+    import errno
+    import threading
+
+    from streamdedup.index import file_array
+    from streamdedup.pipeline import wire_kernels
+
+    plan = ShardPlan(TableDesign.named("4"), 1)
+    first, second = _changelog_rows(21, 300, plan), _changelog_rows(22, 300, plan)
+    shard, twin = Shard(plan, str(tmp_path / "s")), Shard(plan)
+    for s in (shard, twin):
+        s.restore(first)
+    before = (len(shard), _shard_files(tmp_path), _probe(shard, second))
+    real, writes = file_array._write_ahead, []
+
+    def full(fd: int, blob, at: int) -> None:
+        assert threading.current_thread().name == "writes-ahead"
+        writes.append(at)
+        if len(writes) == failing + 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, blob, at)
+
+    def broken(*args) -> None:
+        assert threading.current_thread().name == "writes-ahead"
+        raise OSError(errno.ENOMEM, "No space left for the kernel")
+
+    if failing == "fill":
+        monkeypatch.setattr(wire_kernels, "regroup_strings_into", broken)
+    else:
+        monkeypatch.setattr(file_array, "_write_ahead", full)
+    groups, fill = second.by_group_later()
+    assert fill is not None  # (the batch interleaves its groups: regrouped by the kernel)
+    filled = shard.write_ahead(second, groups, fill)
+    with pytest.raises(OSError, match="No space left"):
+        shard.restore(second, groups, filled)
+    assert (len(shard), _shard_files(tmp_path), _probe(shard, second)) == before
+    monkeypatch.undo()
+    for s in (shard, twin):
+        s.restore(second)
+    later = _changelog_rows(23, 200, plan)
+    assert len(shard) == len(twin) and _probe(shard, later) == _probe(twin, later)
+    assert _probe(shard, second) == _probe(twin, second)
+    shard.close()
 
 
 def test_a_snapshot_of_the_format_before_the_row_files_still_loads(tmp_path):

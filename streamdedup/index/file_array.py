@@ -19,26 +19,177 @@ until the next append; rows of a fixed ``row_shape``), so a store can hold eithe
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import xxhash
 
-__all__ = ["FileArray"]
+__all__ = ["FileArray", "Blob", "WritesAhead", "call_ahead", "pwrite_all"]
 
 _SPAN = 1 << 16  # bytes of each end of the file that the checksum reads
+Blob = bytes | bytearray | memoryview
+
+
+def pwrite_all(fd: int, blob: Blob, at: int) -> None:
+    """Write all of ``blob`` at ``at`` (a write may be short)."""
+    view = memoryview(blob).cast("B")
+    while len(view):
+        done = os.pwrite(fd, view, at)
+        view, at = view[done:], at + done
+
+
+class _Writer:
+    """The one thread that writes ahead (:class:`WritesAhead`), in the order asked: ``pwrite``
+    releases the GIL, so a changelog replay decodes its next batch meanwhile.  A daemon thread
+    of its own (a ThreadPoolExecutor's exit hook would join it; every file waits for its own
+    writes before it closes)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Future[None], Callable[[], None]]] = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="writes-ahead", daemon=True).start()
+
+    def call(self, job: Callable[[], None]) -> Future[None]:
+        """Run ``job`` in the thread, after the jobs before it."""
+        done: Future[None] = Future()
+        self._jobs.put((done, job))
+        return done
+
+    def submit(self, fd: int, blob: Blob, at: int, after: Future[None] | None = None) -> Future[None]:
+        """Write ``blob`` at ``at`` in the thread; ``after``: a job it depends on (:meth:`call`,
+        made before), whose error it fails with."""
+
+        def write() -> None:
+            if after is not None:
+                after.result()  # (done already: the jobs run in order)
+            _write_ahead(fd, blob, at)
+
+        return self.call(write)
+
+    def _run(self) -> None:
+        while True:
+            done, job = self._jobs.get()
+            try:
+                job()
+            except BaseException as e:
+                done.set_exception(e)
+            else:
+                done.set_result(None)
+
+
+def _write_ahead(fd: int, blob: Blob, at: int) -> None:
+    """(The writer thread's write: a test makes it fail.)"""
+    pwrite_all(fd, blob, at)
+
+
+def call_ahead(job: Callable[[], None]) -> Future[None]:
+    """Run ``job`` in the thread that writes ahead, before the writes asked after this (e.g. fill
+    the buffer they write: :meth:`~streamdedup.pipeline.wire.Batch.by_group` ``later``)."""
+    return _writer().call(job)
+
+
+_WRITER: _Writer | None = None
+_WRITER_LOCK = threading.Lock()
+
+
+def _writer() -> _Writer:
+    global _WRITER
+    with _WRITER_LOCK:
+        if _WRITER is None:
+            _WRITER = _Writer()
+        return _WRITER
+
+
+@dataclass
+class _Ahead:
+    key: Any  # what the coming append is given (see WritesAhead.key)
+    at: int
+    size: int
+    written: Future[None]
+    held: Any  # (kept alive until written and taken: the bytes, and the caller's object)
+
+
+class WritesAhead:
+    """Writes past a file's end made by the writer thread before the append that numbers them
+    (:meth:`FileArray.write_ahead`, :meth:`~streamdedup.index.strings.StringHeap.write_ahead`):
+    in file order, each matched by what the append is given."""
+
+    def __init__(self) -> None:
+        self._queue: deque[_Ahead] = deque()
+
+    def __bool__(self) -> bool:
+        return bool(self._queue)
+
+    @staticmethod
+    def key(values: Any) -> Any:
+        """An array is known by its memory (a column view such as ``rows["fetched"]`` is a new
+        object each time it is taken), anything else by its identity."""
+        if isinstance(values, np.ndarray):
+            face = values.__array_interface__
+            return ("array", face["data"][0], face["shape"], face["strides"], face["typestr"])
+        return ("object", id(values))
+
+    def end(self, end: int) -> int:
+        """Where the next write ahead goes: after the last one, or at the file's ``end``."""
+        return self._queue[-1].at + self._queue[-1].size if self._queue else end
+
+    def add(self, fd: int, values: Any, data: Blob, at: int, after: Future[None] | None = None) -> None:
+        """Write ``data`` (``values``' bytes) at ``at`` in the writer thread, after the job
+        ``after`` if given (:func:`call_ahead`: it fills ``data``)."""
+        size = memoryview(data).nbytes
+        written = _writer().submit(fd, data, at, after)
+        self._queue.append(_Ahead(self.key(values), at, size, written, (values, data)))
+
+    def waited(self, values: Any, fd: int | None, end: int) -> bool:
+        """Wait for the next write ahead if it holds ``values`` at the file's ``end`` (True:
+        written; its error is raised once every write ahead is dropped, the file cut back to
+        ``end``); False: it holds something else."""
+        if not self._queue or self._queue[0].key != self.key(values) or self._queue[0].at != end:
+            return False
+        try:
+            self._queue[0].written.result()
+        except BaseException:
+            self.drop(fd, end)
+            raise
+        return True
+
+    def take(self, values: Any, fd: int | None, end: int) -> bool:
+        """:meth:`waited`, and the write is the caller's (True), or it was not ahead (False)."""
+        if self.waited(values, fd, end):
+            self._queue.popleft()
+            return True
+        return False
+
+    def drop(self, fd: int | None, end: int) -> None:
+        """Wait for every write ahead and forget them; the file ``fd`` is cut back to ``end``."""
+        if not self._queue:
+            return
+        for ahead in self._queue:
+            try:
+                ahead.written.result()
+            except BaseException:  # (dropped all the same)
+                pass
+        self._queue.clear()
+        if fd is not None:
+            os.ftruncate(fd, end)
 
 
 class FileArray:
     """Values of one dtype appended to the file ``path`` (created empty, truncated)."""
 
-    __slots__ = ("_fd", "_map", "dtype", "n", "path", "row_shape")
+    __slots__ = ("_ahead", "_fd", "_map", "dtype", "n", "path", "row_shape")
 
     def __init__(self, dtype: type | np.dtype, path: os.PathLike[str] | str, row_shape: tuple[int, ...] = ()) -> None:
         self.dtype, self.path, self.n, self.row_shape = np.dtype(dtype), os.fspath(path), 0, tuple(row_shape)
         if self.row_bytes == 0:
             raise ValueError(f"a file column needs rows of at least one byte, not shape {self.row_shape}")
         self._map: np.ndarray | None = None
+        self._ahead = WritesAhead()
         self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
 
     @property
@@ -59,6 +210,7 @@ class FileArray:
         them).  ValueError if the file is missing, shorter than that, or holds other values."""
         out = cls.__new__(cls)
         out.dtype, out.path, out.n, out._map = np.dtype(dtype), os.fspath(path), int(n), None
+        out._ahead = WritesAhead()
         out.row_shape = tuple(row_shape)
         try:
             out._fd = os.open(out.path, os.O_RDWR)
@@ -94,27 +246,47 @@ class FileArray:
         """Bytes of the file (its values)."""
         return self.n * self.row_bytes
 
+    def _bytes(self, data: np.ndarray) -> bytes:
+        return np.ascontiguousarray(data, dtype=self.dtype).view(np.uint8).tobytes()
+
     def _write(self, fd: int, data: np.ndarray, at: int) -> None:
-        view = memoryview(np.ascontiguousarray(data, dtype=self.dtype).view(np.uint8).tobytes())
-        while len(view):  # (a write may be short)
-            done = os.pwrite(fd, view, at)
-            view, at = view[done:], at + done
+        pwrite_all(fd, self._bytes(data), at)
+
+    def write_ahead(self, values: np.ndarray) -> None:
+        """Start writing ``values``, those of a coming :meth:`extend` (the same array, unchanged
+        until then), past the column's end in a thread (``pwrite`` releases the GIL).  Nothing is
+        appended until that ``extend``, which waits for the write and raises its error."""
+        if len(values) and self._fd is not None and np.shape(values)[1:] == self.row_shape:
+            self._ahead.add(self._fd, values, self._bytes(values), self._ahead.end(self.n * self.row_bytes))
 
     def extend(self, values: np.ndarray) -> None:
         """Append ``values`` (converted to the column's dtype).  A failed write (a full disk)
-        raises and leaves the column as it was."""
-        values = np.asarray(values)
+        raises and leaves the column as it was.  ``values`` may have been written ahead
+        (:meth:`write_ahead`); other writes ahead are dropped."""
         if not len(values):
             return
         assert self._fd is not None, "the column is closed"
-        if values.shape[1:] != self.row_shape:
-            raise ValueError(f"rows of shape {values.shape[1:]} for a column of rows {self.row_shape}")
-        self._write(self._fd, values, self.n * self.row_bytes)
+        if not self._ahead.take(values, self._fd, self.n * self.row_bytes):
+            values = np.asarray(values)
+            if values.shape[1:] != self.row_shape:
+                raise ValueError(f"rows of shape {values.shape[1:]} for a column of rows {self.row_shape}")
+            self.drop_ahead()  # (a write out of their order)
+            self._write(self._fd, values, self.n * self.row_bytes)
         self.n += len(values)
         self._map = None
 
+    def wait_ahead(self, values: np.ndarray) -> None:
+        """Wait for the write ahead of ``values`` if it is the next one, and raise its error
+        (every write ahead is then dropped: the column is as it was)."""
+        self._ahead.waited(values, self._fd, self.n * self.row_bytes)
+
+    def drop_ahead(self) -> None:
+        """Wait for the writes ahead and forget them (the file is cut back to the column's end)."""
+        self._ahead.drop(self._fd, self.n * self.row_bytes)
+
     def truncate(self, n: int) -> None:
         """Drop the values from ``n`` on (undo an append)."""
+        self.drop_ahead()
         if n < self.n and self._fd is not None:
             os.ftruncate(self._fd, n * self.row_bytes)
             self.n, self._map = n, None
@@ -142,6 +314,7 @@ class FileArray:
         """Make the column hold ``values_of`` (an array, or chunks in order) instead: written to a
         new file that then replaces the old one, so a failure before that leaves the column as it
         was (retention's compaction)."""
+        self.drop_ahead()
         chunks = [values_of] if isinstance(values_of, np.ndarray) else values_of
         tmp = self.path + ".compacting"
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -164,6 +337,7 @@ class FileArray:
         self.replace(np.asarray(view[rows[at : at + chunk]]) for at in range(0, len(rows), chunk))
 
     def close(self) -> None:
+        self.drop_ahead()  # (the writer thread writes to its file descriptor)
         self._map = None
         if self._fd is not None:
             os.close(self._fd)

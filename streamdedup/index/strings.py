@@ -12,11 +12,13 @@ in memory: both are read back only for the strings an answer reports.
 from __future__ import annotations
 
 import os
+from collections import deque
+from concurrent.futures import Future
 
 import numpy as np
 import xxhash
 
-from streamdedup.index.file_array import FileArray
+from streamdedup.index.file_array import Blob, FileArray, WritesAhead, pwrite_all
 
 __all__ = ["StringHeap", "texts_state", "texts_from_state"]
 
@@ -32,6 +34,8 @@ class StringHeap:
         self._file_ends: FileArray | None = None
         self._n, self._size = 0, 0
         self._fd: int | None = None
+        self._ahead = WritesAhead()  # writes past the end, in file order (write_ahead)
+        self._ends_ahead: deque[np.ndarray] = deque()  # (their ends, written ahead too)
         self.path = None if path is None else os.fspath(path)
         if self.path is not None:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -46,6 +50,7 @@ class StringHeap:
         shorter than the snapshot says, or holds other bytes."""
         heap = cls.__new__(cls)
         heap._data, heap._mem_ends, heap._fd, heap._file_ends = bytearray(), np.zeros(0, np.int64), None, None
+        heap._ahead, heap._ends_ahead = WritesAhead(), deque()
         heap.path, heap._n, heap._size = os.fspath(path), 0, 0
         try:
             heap._fd = os.open(heap.path, os.O_RDWR)
@@ -93,22 +98,68 @@ class StringHeap:
         encoded = [v.encode("utf-8", "surrogatepass") for v in values]
         self.extend_raw(b"".join(encoded), np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))
 
-    def extend_raw(self, blob: bytes, lengths: np.ndarray) -> None:
+    def write_ahead(self, blob: Blob, lengths: np.ndarray, after: Future[None] | None = None) -> None:
+        """Start writing the strings of a coming :meth:`extend_raw` (``blob``: that very object;
+        its bytes and their ends) to the files in a thread, after the heap's end and the writes
+        ahead before it: ``pwrite`` releases the GIL, so a changelog replay decodes its next
+        batch meanwhile.  Nothing is numbered until that ``extend_raw``, which waits for the
+        writes and raises their error; until then the heap reads as it was.  A heap in memory
+        writes nothing ahead.  ``after``: a job of the writer thread that fills ``blob``
+        (:func:`~streamdedup.index.file_array.call_ahead`)."""
+        if self._fd is None or self._file_ends is None or not len(lengths):
+            return
+        at = self._ahead.end(self._size)
+        ends = at + np.cumsum(lengths, dtype=np.int64)
+        self._ahead.add(self._fd, blob, blob, at, after)
+        self._file_ends.write_ahead(ends)
+        self._ends_ahead.append(ends)
+
+    def wait_ahead(self, blob: Blob) -> None:
+        """Wait for the write ahead of ``blob`` (:meth:`write_ahead`), if it is the next one, and
+        raise its error: every write ahead is then dropped, and the heap is as it was."""
+        try:
+            if self._ahead.waited(blob, self._fd, self._size) and self._file_ends is not None:
+                self._file_ends.wait_ahead(self._ends_ahead[0])
+        except BaseException:
+            self.drop_ahead()
+            raise
+
+    def drop_ahead(self) -> None:
+        """Wait for the writes ahead and forget them (the files are cut back to the heap's end)."""
+        self._ahead.drop(self._fd, self._size)
+        self._ends_ahead.clear()
+        if self._file_ends is not None:
+            self._file_ends.drop_ahead()
+
+    def extend_raw(self, blob: Blob, lengths: np.ndarray) -> None:
         """Append strings given as one UTF-8 blob and their byte lengths (no decoding).  A failed
-        write (a full disk) raises and leaves the heap as it was."""
-        ends = self._size + np.cumsum(lengths, dtype=np.int64)
+        write (a full disk) raises and leaves the heap as it was.  ``blob`` may have been written
+        ahead (:meth:`write_ahead`); other writes ahead are dropped."""
         if self._fd is None:
+            ends = self._size + np.cumsum(lengths, dtype=np.int64)
             if self._n + len(ends) > len(self._mem_ends):
                 self._mem_ends = np.resize(self._mem_ends, max(self._n + len(ends), 2 * len(self._mem_ends)))
             self._data += blob
             self._mem_ends[self._n : self._n + len(ends)] = ends
         else:
             assert self._file_ends is not None
-            view, at = memoryview(blob), self._size
-            while len(view):  # (a write may be short)
-                done = os.pwrite(self._fd, view, at)
-                view, at = view[done:], at + done
-            self._file_ends.extend(ends)  # last: the strings are numbered once both are written
+            try:
+                written = self._ahead.take(blob, self._fd, self._size)
+            except BaseException:
+                self.drop_ahead()
+                raise
+            if written:
+                ends = self._ends_ahead.popleft()
+            else:
+                ends = self._size + np.cumsum(lengths, dtype=np.int64)
+                if len(ends):
+                    self.drop_ahead()  # (a write out of their order: they are written again)
+                    pwrite_all(self._fd, blob, self._size)
+            try:
+                self._file_ends.extend(ends)  # last: the strings are numbered once both are written
+            except BaseException:
+                self.drop_ahead()  # (written after these bytes, which are not numbered)
+                raise
         self._n += len(ends)
         if len(ends):
             self._size = int(ends[-1])
@@ -117,6 +168,7 @@ class StringHeap:
         """Drop the strings from ``n`` on (undo an append)."""
         if n >= self._n:
             return
+        self.drop_ahead()
         self._size = int(self.ends()[n - 1]) if n else 0
         if self._file_ends is not None:
             self._file_ends.truncate(n)
@@ -164,6 +216,7 @@ class StringHeap:
         """Keep only the strings ``rows`` (ascending), renumbered in their order (retention's
         compaction).  A file-backed heap is copied, a chunk at a time, to new files that then
         replace the old ones: a failure before that leaves the heap as it was."""
+        self.drop_ahead()
         rows = np.asarray(rows, dtype=np.int64)
         ends = np.asarray(self.ends())
         lengths = np.diff(ends, prepend=0)
@@ -198,6 +251,7 @@ class StringHeap:
         self._size = int(new_ends[-1]) if len(new_ends) else 0
 
     def close(self) -> None:
+        self.drop_ahead()  # (its thread writes to the file descriptor)
         if self._file_ends is not None:
             self._file_ends.close()
         if self._fd is not None:

@@ -51,8 +51,9 @@ import os
 import zipfile
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -63,6 +64,7 @@ from streamdedup.index import columns
 from streamdedup.index.arrays import GrowingArray
 from streamdedup.index.blocks import BlockIndex
 from streamdedup.index.columns import Column, column_from_state, column_state, keep, new_column
+from streamdedup.index.file_array import FileArray, call_ahead
 from streamdedup.index.hamming import HammingIndex
 from streamdedup.index.strings import StringHeap, texts_from_state, texts_state
 from streamdedup.index.tables import TableDesign
@@ -433,11 +435,60 @@ class Shard:
         for store in self._groups.values():
             store.prepare()
 
-    def restore(self, inserts: Batch) -> None:
+    def restore(
+        self, inserts: Batch, groups: list[tuple[int, Batch]] | None = None, filled: Future[None] | None = None
+    ) -> None:
         """Store decoded changelog rows as they are (recovery: no probing, no checks).
+        ``groups``: ``inserts.by_group()``, if taken already (by :meth:`write_ahead`), and
+        ``filled``: what :meth:`write_ahead` returned.
 
         Raises :class:`~streamdedup.errors.PlanError` for rows of another plan (their extra
-        bytes or groups do not fit this one's), before storing any."""
+        bytes or groups do not fit this one's), before storing any; and the error of a string
+        write ahead that failed, before storing any."""
+        self._check_plan(inserts)
+        groups = inserts.by_group() if groups is None else groups
+        try:  # (the writes ahead, all done before any group changes)
+            if filled is not None:
+                filled.result()
+            for g, rows in groups:
+                for file, values in _written_ahead(self._groups.get(g), rows):
+                    file.wait_ahead(values)
+        except BaseException:
+            for g, rows in groups:  # (every file cut back to its end)
+                for file, _ in _written_ahead(self._groups.get(g), rows):
+                    file.drop_ahead()
+            raise
+        starts: dict[int, int] = {}
+        for g, rows in groups:
+            store = self._groups.get(g)
+            if store is None:
+                store = self._groups[g] = self._new_group(g)
+            starts[g] = _rows(store)
+            store.load(rows)
+        self._advance(restored_clock_values(inserts), starts)
+
+    def write_ahead(
+        self, inserts: Batch, groups: list[tuple[int, Batch]], fill: Callable[[], None] | None = None
+    ) -> Future[None] | None:
+        """Start writing the strings and row columns of a coming :meth:`restore` of ``inserts``
+        (``groups``, ``fill``: its ``by_group_later()``) in a thread (``pwrite`` and the regrouping
+        kernel release the GIL): a replay decodes its next batch meanwhile.  Nothing is stored
+        until that restore, which is given what this returns (the fill's job: the groups'
+        strings are read only once it is done).  PlanError as for :meth:`restore`."""
+        self._check_plan(inserts)
+        filled = None if fill is None else call_ahead(fill)
+        for g, rows in groups:
+            store = self._groups.get(g)
+            if store is None:
+                store = self._groups[g] = self._new_group(g)
+            for file, values in _written_ahead(store, rows):
+                if isinstance(file, StringHeap):
+                    file.write_ahead(values, rows.lengths, filled)
+                else:
+                    file.write_ahead(values)
+        return filled
+
+    def _check_plan(self, inserts: Batch) -> None:
         width = 0 if inserts.extra is None else inserts.extra.shape[1]
         groups = inserts.group
         if width != self.plan.extra_bytes or (len(groups) and int(groups.max()) >= self.plan.n_groups):
@@ -447,14 +498,23 @@ class Shard:
                 f"extra bytes a row and {self.plan.n_groups} groups: another --algorithm, --threshold, "
                 "--num-perm or combined --k wrote them"
             )
-        starts: dict[int, int] = {}
-        for g, rows in inserts.by_group():
-            store = self._groups.get(g)
-            if store is None:
-                store = self._groups[g] = self._new_group(g)
-            starts[g] = _rows(store)
-            store.load(rows)
-        self._advance(restored_clock_values(inserts), starts)
+
+
+def _written_ahead(store: Store | None, rows: Batch) -> list[tuple[Any, Any]]:
+    """The files of ``store`` that a :meth:`Shard.write_ahead` writes for ``rows``, and what
+    each one's append will be given: the strings (any store with a file-backed heap) and, in a
+    simhash group, the row columns its ``load`` appends."""
+    out: list[tuple[Any, Any]] = []
+    texts = getattr(store, "texts", None)
+    if isinstance(texts, StringHeap) and texts.path is not None:
+        out.append((texts, rows.strings))
+    if isinstance(store, _GroupStore):
+        out += [
+            (c, v)
+            for c, v in ((store.fetched, rows.fetched), (store.id_hash, rows.id_hash))
+            if isinstance(c, FileArray)
+        ]
+    return out
 
 
 @dataclass

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import importlib
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -97,7 +97,7 @@ class Batch:
     with their byte lengths, so no Python object per row until a string is asked for."""
 
     rows: np.ndarray  # ROW structured array
-    strings: bytes
+    strings: bytes | memoryview  # (a memoryview: by_group's parts are views of one regrouped buffer)
     kind: int = 0
     extra: np.ndarray | None = None  # (n, w) uint8: each row's extra bytes (band modes), or None
 
@@ -157,28 +157,41 @@ class Batch:
         """The rows of each group, in row order within it, groups ascending: like
         ``select(group == g)`` for every g, in one pass over the rows (a replay's batches hold
         tens of megabytes of strings, and a changelog record interleaves its groups)."""
+        groups, fill = self.by_group_later()
+        if fill is not None:
+            fill()
+        return groups
+
+    def by_group_later(self) -> tuple[list[tuple[int, Batch]], Callable[[], None] | None]:
+        """:meth:`by_group`, but the groups' strings may be views of a buffer not filled yet:
+        the callable returned fills it (None: nothing to fill).  Call it once, from any thread
+        (the numba kernel releases the GIL: a changelog replay fills the buffer in the thread
+        that then writes it to the string files), before anything reads the strings."""
         group = self.rows["group"]
         if not len(group):
-            return []
-        values, counts = np.unique(group, return_counts=True)
+            return [], None
+        counted = np.bincount(group)  # (groups are small numbers: no sort)
+        values = np.flatnonzero(counted)
+        counts = counted[values]
         if len(values) == 1:
-            return [(int(values[0]), self)]
+            return [(int(values[0]), self)], None
         per_row = self.rows["id_len"].astype(np.int64) + self.rows["url_len"]
         ends = np.cumsum(counts).tolist()
         if (group[1:] >= group[:-1]).all():  # already in group order: slices
             byte_at = [0, *np.cumsum(per_row)[np.subtract(ends, 1)].tolist()]
+            view = memoryview(self.strings)
             return [
                 (
                     int(g),
                     Batch(
                         self.rows[lo:hi],
-                        self.strings[byte_at[i] : byte_at[i + 1]],
+                        view[byte_at[i] : byte_at[i + 1]],
                         self.kind,
                         None if self.extra is None else self.extra[lo:hi],
                     ),
                 )
                 for i, (g, lo, hi) in enumerate(zip(values.tolist(), [0, *ends], ends))
-            ]
+            ], None
         # Rows: one stable gather (np.take, far cheaper than fancy indexing of a structured
         # array).  Strings: with numba, one pass copying each row's bytes to its group's place;
         # else each byte labelled with its row's group (one byte a byte when the groups fit),
@@ -188,19 +201,28 @@ class Batch:
         extra = None if self.extra is None else np.take(self.extra, order, axis=0)
         blob = np.frombuffer(self.strings, dtype=np.uint8)
         module = _kernel_module()
+        fill: Callable[[], None] | None = None
         if module is not None:
-            slot = np.searchsorted(values, group)
+            rank = np.zeros(len(counted), dtype=np.int64)
+            rank[values] = np.arange(len(values))
+            slot = rank[group]
             group_bytes = np.bincount(slot, weights=per_row, minlength=len(values)).astype(np.int64)
             byte_at = [0, *np.cumsum(group_bytes).tolist()]
-            regrouped = module.regroup_strings(blob, per_row, slot, np.array(byte_at[:-1], dtype=np.int64))
-            parts = [regrouped[byte_at[k] : byte_at[k + 1]].tobytes() for k in range(len(values))]
+            out = np.empty(len(blob), dtype=np.uint8)
+            starts = np.array(byte_at[:-1], dtype=np.int64)
+            regrouped = out.data
+            parts = [regrouped[byte_at[k] : byte_at[k + 1]] for k in range(len(values))]
+
+            def fill() -> None:
+                module.regroup_strings_into(out, blob, per_row, slot, starts)
+
         else:
             labels = np.repeat(group.astype(np.uint8) if int(values[-1]) < 256 else group, per_row)
-            parts = [blob[labels == g].tobytes() for g in values.tolist()]
+            parts = [blob[labels == g].data for g in values.tolist()]
         return [
             (int(g), Batch(rows[lo:hi], part, self.kind, None if extra is None else extra[lo:hi]))
             for g, lo, hi, part in zip(values.tolist(), [0, *ends], ends, parts)
-        ]
+        ], fill
 
     @classmethod
     def build(
@@ -298,14 +320,24 @@ def decode(values: Sequence[bytes], kind: int | None = None) -> Batch:
             extras.append(np.frombuffer(value, dtype=np.uint8, count=n * w, offset=at).reshape(n, w))
             at += n * w
         body = memoryview(value)[at:]  # (joined below: no copy of its own)
-        if len(body) != int(r["id_len"].sum(dtype=np.int64) + r["url_len"].sum(dtype=np.int64)):
+        if not n and len(body):
             raise ValueError("a batch's string lengths do not add up")
         rows.append(r)
         strings.append(body)
     if not rows:
         return Batch(np.zeros(0, dtype=ROW), b"", kind or 0)
+    joined = np.concatenate(rows) if len(rows) > 1 else rows[0].copy()
+    # each batch's strings against its rows' lengths, all batches at once (not a sum a batch)
+    counts = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+    held = counts > 0
+    if held.any():
+        per_row = joined["id_len"].astype(np.int64) + joined["url_len"]
+        sums = np.add.reduceat(per_row, (np.cumsum(counts) - counts)[held])
+        sizes = np.fromiter((len(b) for b in strings), dtype=np.int64, count=len(strings))[held]
+        if (sums != sizes).any():
+            raise ValueError("a batch's string lengths do not add up")
     extra = np.concatenate(extras) if width else None
-    return Batch(np.concatenate(rows) if len(rows) > 1 else rows[0].copy(), b"".join(strings), kind or 0, extra)
+    return Batch(joined, b"".join(strings), kind or 0, extra)
 
 
 def row_counts(values: Sequence[bytes]) -> np.ndarray:
@@ -355,9 +387,9 @@ def warm_up() -> bool:
     return True
 
 
-def _split(blob: bytes, lens: np.ndarray) -> list[str]:
+def _split(blob: bytes | memoryview, lens: np.ndarray) -> list[str]:
     out, start = [], 0
     for end in np.cumsum(lens).tolist():
-        out.append(blob[start:end].decode("utf-8", "surrogatepass"))
+        out.append(str(blob[start:end], "utf-8", "surrogatepass"))
         start = end
     return out

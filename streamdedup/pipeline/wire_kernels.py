@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["regroup_strings", "warm_up"]
+__all__ = ["regroup_strings", "regroup_strings_into", "warm_up"]
 
 
 @njit(cache=True, nogil=True)
@@ -22,6 +22,16 @@ def regroup_strings(blob: np.ndarray, sizes: np.ndarray, slot: np.ndarray, group
     by ``slot`` (each row's group rank), rows in order within one: group k's bytes start at
     ``group_starts[k]``."""
     out = np.empty(len(blob), dtype=np.uint8)
+    regroup_strings_into(out, blob, sizes, slot, group_starts)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def regroup_strings_into(
+    out: np.ndarray, blob: np.ndarray, sizes: np.ndarray, slot: np.ndarray, group_starts: np.ndarray
+) -> None:
+    """:func:`regroup_strings` into ``out`` (as long as ``blob``; releases the GIL: a thread
+    fills it while the caller goes on)."""
     at = group_starts.copy()
     src = 0
     for i in range(len(sizes)):
@@ -30,18 +40,19 @@ def regroup_strings(blob: np.ndarray, sizes: np.ndarray, slot: np.ndarray, group
         out[dst : dst + n] = blob[src : src + n]
         at[k] = dst + n
         src += n
-    return out
 
 
 def warm_up() -> None:
     """Compile (or load from numba's cache) the kernel now, for the read-only blob of a batch's
     bytes (numba compiles read-only and writable arrays apart)."""
-    regroup_strings(
+    args = (
         np.frombuffer(b"abc", dtype=np.uint8),
         np.array([1, 2], dtype=np.int64),
         np.array([1, 0], dtype=np.int64),
         np.array([0, 2], dtype=np.int64),
     )
+    regroup_strings(*args)
+    regroup_strings_into(np.empty(3, dtype=np.uint8), *args)
 
 
 if __name__ == "__main__":

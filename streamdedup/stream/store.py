@@ -8,9 +8,10 @@ restart replays only the changelog's tail.  Snapshots are written by the shard s
 batches, when the shard and its offset agree, and when the worker stops.
 
 A long tail is not left to faust's per-record path: :meth:`ShardStore.on_rebalance` reads it
-first with a consumer of the worker's own and restores whole fetched runs through the same
-:meth:`ShardStore._restore` (:class:`BulkReplay`, docs/faust-notes.md §14); faust's recovery then
-starts after what it reached.
+first with a consumer of the worker's own and restores whole fetched runs through the two halves
+of the same :meth:`ShardStore._restore` (:class:`BulkReplay`, docs/faust-notes.md §14), one run
+behind: a run's strings and columns are written by a thread while the run before it is stored;
+faust's recovery then starts after what it reached.
 
 A snapshot is used only if it matches the cluster: the same changelog topic and shard plan,
 the same fingerprint scheme, and an offset the changelog has reached.  One that does not (the
@@ -37,10 +38,11 @@ import asyncio
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -56,7 +58,7 @@ from streamdedup.errors import PlanError, SchemeError
 from streamdedup.fingerprinting import SCHEME as FINGERPRINT_SCHEME
 from streamdedup.pipeline.shard import Plan, Shard
 from streamdedup.pipeline.snapshot_file import write_arrays
-from streamdedup.pipeline.wire import CHANGELOG, decode, row_counts
+from streamdedup.pipeline.wire import CHANGELOG, Batch, decode, row_counts
 
 __all__ = ["BulkReplay", "ShardStore", "NotAssigned", "SCHEME", "snapshot_meta", "stale_snapshot", "load_snapshot"]
 
@@ -76,6 +78,24 @@ def _lower_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + WRITER_NICENESS))
     except (AttributeError, OSError):
         pass
+
+
+#: The interpreter's thread switch interval during a bulk replay (seconds; Python's default is
+#: 0.005).  Its reader thread (copying and parsing fetches) holds the GIL most of the time, and
+#: a thread that released it (a ``pwrite``, a numba kernel) waits up to a switch interval to take
+#: it back (py-spy before this: the event loop's writes, ~37 % of its time, mostly on the
+#: ``pwrite`` line).  Not measured apart from the other changes of docs/faust-notes.md §14.
+BULK_SWITCH_INTERVAL = 0.0005
+
+
+@contextlib.contextmanager
+def _switch_interval(seconds: float) -> Iterator[None]:
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
 
 
 def snapshot_meta(offset: int, changelog: str) -> dict:
@@ -162,6 +182,18 @@ class BulkReplay:
 
 class NotAssigned(LookupError):
     """A shard was asked for a partition this worker holds neither active nor standby."""
+
+
+@dataclass
+class _Run:
+    """Changelog records of one partition, decoded and regrouped (:meth:`ShardStore._prepare`)."""
+
+    partition: int
+    messages: Sequence[Any]
+    records: list[Any]  # those with a value
+    rows: Batch
+    groups: list[tuple[int, Batch]]
+    filled: Future[None] | None  # (their strings: filled in the writer thread, Shard.write_ahead)
 
 
 class ShardStore(base.Store):
@@ -387,6 +419,12 @@ class ShardStore(base.Store):
         ``offset``: faust's messages or the bulk reader's records) into the shard of ``partition``.
         The one path of both faust's recovery and the bulk replay.  Raises SchemeError / PlanError
         (after stopping the worker) for records the shard cannot hold."""
+        self._apply(self._prepare(partition, messages))
+
+    def _prepare(self, partition: int, messages: Sequence[Any], ahead: bool = False) -> _Run:
+        """The first half of :meth:`_restore`: decode ``messages`` and regroup their rows; with
+        ``ahead``, start writing their strings in a thread (:meth:`Shard.write_ahead`) while the
+        caller goes on, e.g. applies the run before (the shard holds none of them yet)."""
         records = [m for m in messages if m.value]
         try:
             rows = decode([m.value for m in records], CHANGELOG)
@@ -394,8 +432,25 @@ class ShardStore(base.Store):
             self._refuse(partition, e)
             raise
         shard = self.shard(partition)
+        groups, fill = rows.by_group_later()
+        filled = None
+        if ahead:
+            try:
+                filled = shard.write_ahead(rows, groups, fill)  # (fills the groups' strings too)
+            except PlanError as e:
+                self._refuse_plan(partition, e)
+                raise
+        elif fill is not None:
+            fill()
+        return _Run(partition, messages, records, rows, groups, filled)
+
+    def _apply(self, run: _Run) -> None:
+        """The second half of :meth:`_restore`: store a prepared run (raising the error of a
+        string write ahead that failed before the shard holds any of it), then its offset."""
+        partition, messages, records, rows = run.partition, run.messages, run.records, run.rows
+        shard = self.shard(partition)
         try:
-            shard.restore(rows)
+            shard.restore(rows, run.groups, run.filled)
         except PlanError as e:
             self._refuse_plan(partition, e)
             raise
@@ -472,6 +527,10 @@ class ShardStore(base.Store):
             await self._bulk_replay(self.bulk, topic, keep)
 
     async def _bulk_replay(self, bulk: BulkReplay, topic: str, partitions: set[int]) -> None:
+        with _switch_interval(BULK_SWITCH_INTERVAL):
+            await self._bulk_replay_runs(bulk, topic, partitions)
+
+    async def _bulk_replay_runs(self, bulk: BulkReplay, topic: str, partitions: set[int]) -> None:
         """Replay the long changelog tails of ``partitions`` with the bulk reader, before faust's
         recovery reads :meth:`persisted_offset` (right after this callback): faust then replays
         only what is left.  Bounded by ``bulk.timeout``; a timeout or an error leaves the rest to
@@ -502,6 +561,24 @@ class ShardStore(base.Store):
                     log.warning("cannot send the group heartbeats during the bulk replay: %r", e)
             timeout = bulk.timeout if rejoin is not None else min(bulk.timeout, bulk.unkept_timeout)
             reader = bulk.read(topic, ranges)
+            # One run behind: a run is decoded, and its strings regrouped and written ahead in a
+            # thread (_prepare), while the run before it is stored (_apply).  A run counts as
+            # restored (its offset, the check after it) only once it is stored, its writes done.
+            # A stop (the group or the worker asks for one, an error, the deadline) drops the run
+            # in hand: faust's recovery replays it, and its writes ahead are dropped at the next
+            # append to those files.
+            prepared: _Run | None = None
+
+            def apply_prepared() -> bool:
+                nonlocal prepared, records, rows
+                if prepared is None:
+                    return False
+                run, prepared = prepared, None
+                self._apply(run)
+                records += len(run.messages)
+                rows += len(run.rows)
+                return True
+
             try:
                 async with asyncio.timeout(timeout):
                     async for partition, run in reader:
@@ -514,16 +591,22 @@ class ShardStore(base.Store):
                         if partition not in self.assigned:  # (cannot happen within one callback)
                             continue
                         if not run:  # read to its end: control records up to it hold no rows
+                            # (first the run in hand: the offset below claims its records)
+                            if apply_prepared() and bulk.check is not None:
+                                await bulk.check()
                             self.shard(partition)
                             self.offsets[partition] = max(ranges[partition][1] - 1, self.offsets.get(partition, -1))
                             done.add(partition)
                             continue
-                        self._restore(partition, run)
-                        records += len(run)
-                        rows += sum(row_counts([r.value for r in run if r.value]).tolist())
-                        if bulk.check is not None:
+                        following = self._prepare(partition, run, ahead=True)
+                        applied = apply_prepared()
+                        prepared = following
+                        if applied and bulk.check is not None:
                             await bulk.check()
                         await asyncio.sleep(0)  # the web server and the other tasks go on meanwhile
+                    else:  # (read to the end: the last run; not after a break)
+                        if apply_prepared() and bulk.check is not None:
+                            await bulk.check()
             except (SchemeError, PlanError):
                 return  # _restore stopped the worker: faust's recovery would refuse the same records
             except (TimeoutError, Exception) as e:

@@ -201,11 +201,11 @@ def test_a_store_replays_through_the_read_ahead_in_order_and_stops_between_runs_
 ):
     store, topic, settings = worker.store, worker.store._changelog(), worker.settings
     rejoin, restored = asyncio.Event(), []
-    real_restore = ShardStore._restore
+    real_apply = ShardStore._apply
 
-    def restore(self, partition: int, messages) -> None:  # what the store restores, in its order
-        restored.append((partition, [m.offset for m in messages]))
-        real_restore(self, partition, messages)
+    def apply(self, run) -> None:  # what the store restores, in its order
+        restored.append((run.partition, [m.offset for m in run.messages]))
+        real_apply(self, run)
 
     @asynccontextmanager
     async def keepalive(app: Any) -> AsyncIterator[asyncio.Event]:
@@ -216,7 +216,7 @@ def test_a_store_replays_through_the_read_ahead_in_order_and_stops_between_runs_
             rejoin.set()
 
     read = functools.partial(read_ranges, settings)
-    monkeypatch.setattr(ShardStore, "_restore", restore)
+    monkeypatch.setattr(ShardStore, "_apply", apply)
     monkeypatch.setattr(ShardStore, "bulk", BulkReplay(read, min_records=0, keepalive=keepalive, check=after_each_run))
 
     async def scenario() -> dict[int, list[tuple[int, bytes]]]:
