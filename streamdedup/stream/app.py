@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import struct
+import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from typing import Any, cast
 import faust
 import numpy as np
 from faust.types import TP
+from faust.transport.drivers import aiokafka as faust_aiokafka
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from streamdedup.index.bands import BandScheme
@@ -69,6 +71,10 @@ STANDBY_AFTER = 2.0
 # an owned pages partition with records past the last one delivered, none of them delivered for
 # this long (and the worker not pausing it), is sought again (reseek_stalled; faust-notes §9)
 PARTITION_SILENCE = 10.0
+# the shard and answers stages take what came within this (or batch_timeout / 2 if shorter):
+# faust's take_events waits this long after every batch, so it adds up to this much latency per
+# stage; their batches grow with the load, not with the wait
+STAGE_WAIT = 0.005
 OFFSETS_TIMEOUT = 10.0  # seconds a rebalance callback waits for an offsets request
 HOLE_RECHECK_SECONDS = 1.0  # a hole in a pages partition is read after this (see _fill_holes)
 HOLE_READS = 3  # reads of a hole that fail before the worker gives up on it (commits past it, loudly)
@@ -83,6 +89,33 @@ FAILED = -2  # an answer row's distance when its shard gave up on the probe (the
 #: ``bulk_replay_slow:<s>`` makes it wait s seconds after each
 FAULT_ENV = "TEST_STREAMDEDUP_FAULT"  # (not STREAMDEDUP_*: settings refuse unknown ones)
 CHECK_FAULT_DELAY = 2.0
+
+
+#: How long the broker may hold the consumer's fetch when there is nothing new (faust's own: 1.5 s).
+#: One fetch at a time goes to a broker, for the partitions with nothing buffered when it was sent;
+#: records that arrive meanwhile for the others (buffered then, or paused for flow control) are
+#: fetched only after it returns.  With 1.5 s, pages, probes and answers stalled for 1.4-1.5 s at a
+#: time at 150 pages/s (bench/README.md, "Speed goals"); an empty fetch every 50 ms costs little.
+FETCH_MAX_WAIT_MS = 50
+
+
+def _bounded_fetch_wait(create: Any) -> Any:
+    def create_worker_consumer(self: Any, transport: Any) -> Any:
+        consumer = create(self, transport)
+        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # read by AIOKafkaConsumer.start (its Fetcher)
+        return consumer
+
+    return create_worker_consumer
+
+
+#: Seconds a thread may hold the GIL while another waits for it (Python's default: 5 ms).  The
+#: event loop gives the GIL up at every socket write, and faust's consumer thread then held it for
+#: up to 5 ms: in a profile at 150 pages/s a third of the loop's time went to writes, nearly all of
+#: it waiting to get the GIL back.
+SWITCH_INTERVAL = 0.0005
+
+_thread = cast(Any, faust_aiokafka.AIOKafkaConsumerThread)
+_thread._create_worker_consumer = _bounded_fetch_wait(_thread._create_worker_consumer)
 
 
 def internal_topics(settings: Settings) -> dict[str, str]:
@@ -117,6 +150,7 @@ class Worker:
 
     def __post_init__(self) -> None:
         s = self.settings
+        sys.setswitchinterval(SWITCH_INTERVAL)
         self.bands = band_scheme(s)
         self.plan = (
             ShardPlan(table_design(s), s.partitions) if self.bands is None else BandPlan(self.bands, s.partitions)
@@ -149,6 +183,7 @@ class Worker:
         # answers stages run instead of the pages stage reading a whole backlog first
         self._max_waiting = 2 * s.batch_size
         self._in_flight = 0  # batches being judged: at most 2 (one fingerprinting, one queued)
+        self._kick_soon = False  # a _kick_idle is scheduled
         self._paused = False
         self._assigned: set = set()
         self._seek_task: asyncio.Future | None = None  # the seek of uncommitted pages partitions (on_assigned)
@@ -233,8 +268,10 @@ class Worker:
             async for event in stream.noack().events():
                 self._deliver(event)
 
+        stage_wait = min(s.batch_timeout / 2, STAGE_WAIT)
+
         @app.task
-        async def batch_timer():  # a partial batch waits at most batch_timeout
+        async def batch_timer():  # a partial batch waits at most batch_timeout (see _deliver)
             while not app.should_stop:
                 await asyncio.sleep(s.batch_timeout)
                 if self._buffer:
@@ -244,7 +281,7 @@ class Worker:
         # batch is retried here, and if it keeps failing its pages get dead letters (give_up_*)
         @app.agent(self.probes_topic, name="shards")
         async def shard_agent(stream):
-            async for events in stream.take_events(256, within=s.batch_timeout / 2):
+            async for events in stream.take_events(256, within=stage_wait):
                 t0 = time.perf_counter()
                 error = await self._retrying("shard", self.on_probes, events)
                 if error is not None:
@@ -253,7 +290,7 @@ class Worker:
 
         @app.agent(self.answers_topic, name="answers")
         async def answers_agent(stream):
-            async for events in stream.take_events(1024, within=s.batch_timeout / 2):
+            async for events in stream.take_events(1024, within=stage_wait):
                 t0 = time.perf_counter()
                 error = await self._retrying("answers", self.on_answers, events)
                 if error is not None:
@@ -679,6 +716,12 @@ class Worker:
         self._watch_holes(m.partition)
         if len(self._buffer) >= self.settings.batch_size or self._fillers:
             self._kick()
+        elif self._in_flight == 0 and not self._kick_soon:
+            # nothing being judged: judge what is buffered at once (what the consumer delivers in
+            # this turn of the loop), not after batch_timeout; while a batch is in flight, the next
+            # one fills until it is done, so batches grow with the load
+            self._kick_soon = True
+            asyncio.get_running_loop().call_soon(self._kick_idle)
 
     def _watch_holes(self, partition: int) -> None:
         """Start filling the partition's holes if it has one and no filler runs for it now."""
@@ -761,7 +804,11 @@ class Worker:
         self._in_flight -= 1
         if not task.cancelled() and task.exception() is not None:
             log.error("a pages batch failed", exc_info=task.exception())
-        self._kick()
+        self._kick(partial=self._in_flight == 0)  # the last one done: what waited for it goes now
+
+    def _kick_idle(self) -> None:
+        self._kick_soon = False
+        self._kick(partial=self._in_flight == 0)
 
     def close(self) -> None:
         if self._pool is not None:
