@@ -216,6 +216,7 @@ class Worker:
         # offset after the last one their stage took, and the stages in a batch now (reseek_stalled)
         self._heard_internal: dict[tuple[str, int], float] = {}
         self._next_offset: dict[tuple[str, int], int] = {}
+        self._internal_start: dict[tuple[str, int], int] = {}  # where the assignment's reading began
         self._busy: set[str] = set()
         # pages read but not yet judged, at most: bounds memory and latency, and lets the shard and
         # answers stages run instead of the pages stage reading a whole backlog first
@@ -443,7 +444,7 @@ class Worker:
             self._heard_pages = {tp.partition: now for tp in assigned if tp.topic == s.pages_topic}
             internal = {tp for tp in assigned if tp.topic in self._internal_topics()}
             self._heard_internal = {(tp.topic, tp.partition): now for tp in internal}
-            self._next_offset = {}
+            self._next_offset, self._internal_start = {}, {}
             self._recovery_started = time.monotonic()
             self.metrics.recovery_restored.set(0)
             # Not awaited here: an offsets request made inside the rebalance callback waits on the
@@ -484,13 +485,18 @@ class Worker:
                     await self._seek(tp, start)
             missing = sorted(tp for tp in set(tps) | set(internal) if committed.get(tp) is None or committed[tp] < 0)
             starts = {tp.partition: committed[tp] for tp in tps if tp not in missing}
+            internal_start = {(tp.topic, tp.partition): committed[tp] for tp in internal if tp not in missing}
             if missing:
                 earliest = await asyncio.wait_for(self.app.consumer.earliest_offsets(*missing), OFFSETS_TIMEOUT)
                 for tp in missing:
                     first = earliest.get(tp) or 0
                     if tp in tps:
                         starts[tp.partition] = first
+                    else:
+                        internal_start[(tp.topic, tp.partition)] = first
                     await self._seek(tp, first)
+            if generation == self._generation:
+                self._internal_start = internal_start
                 log.info(
                     "no committed offset yet for partitions %s: reading them from the start",
                     ", ".join(f"{tp.topic} {tp.partition}" for tp in missing),
@@ -547,9 +553,10 @@ class Worker:
             return []
         generation = self._generation
         try:
-            ends = await asyncio.wait_for(self._ends(topic, quiet), OFFSETS_TIMEOUT)
-            first = {p: self._next_offset.get((topic, p)) for p in quiet}
-            if unknown := [p for p, o in first.items() if o is None]:  # nothing taken in this assignment
+            ends = await asyncio.wait_for(self._highwaters(topic, quiet), OFFSETS_TIMEOUT)
+            # the next offset to take: after the last one taken, else where the assignment began
+            first = {p: self._next_offset.get((topic, p), self._internal_start.get((topic, p))) for p in quiet}
+            if unknown := [p for p, o in first.items() if o is None and ends.get(p, 0) > 0]:
                 first.update(await asyncio.wait_for(self._starts(topic, unknown), OFFSETS_TIMEOUT))
         except Exception as e:  # the next tick tries again
             log.warning("cannot read the offsets of %s partitions %s: %s", topic, quiet, e)
@@ -585,7 +592,7 @@ class Worker:
             return []
         generation = self._generation
         try:
-            ends = await asyncio.wait_for(self._ends(self.settings.pages_topic, quiet), OFFSETS_TIMEOUT)
+            ends = await asyncio.wait_for(self._highwaters(self.settings.pages_topic, quiet), OFFSETS_TIMEOUT)
         except Exception as e:  # the next tick tries again
             log.warning("cannot read the end offsets of pages partitions %s: %s", quiet, e)
             return []
@@ -607,6 +614,22 @@ class Worker:
                 await self._seek(TP(self.settings.pages_topic, p), first)
                 sought.append((self.settings.pages_topic, p))
         return sought
+
+    async def _highwaters(self, topic: str, partitions: list[int]) -> dict[int, int]:
+        """Each partition's end offset as faust's consumer saw it in its last fetch (no request:
+        the backstop looks at quiet partitions every 5 s); read by a client of our own for those
+        it has not fetched."""
+        out: dict[int, int] = {}
+        consumer = cast(Any, self.app.consumer)
+        for p in partitions:
+            try:
+                if (end := consumer.highwater(TP(topic, p))) is not None:
+                    out[p] = end
+            except Exception:  # the consumer not started, or the partition no longer assigned
+                pass
+        if missing := [p for p in partitions if p not in out]:
+            out.update(await self._ends(topic, missing))
+        return out
 
     async def _ends(self, topic: str, partitions: list[int]) -> dict[int, int]:
         return await end_offsets(self.settings, topic, partitions)
