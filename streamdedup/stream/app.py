@@ -71,10 +71,6 @@ STANDBY_AFTER = 2.0
 # an owned pages partition with records past the last one delivered, none of them delivered for
 # this long (and the worker not pausing it), is sought again (reseek_stalled; faust-notes §9)
 PARTITION_SILENCE = 10.0
-# the shard and answers stages take what came within this (or batch_timeout / 2 if shorter):
-# faust's take_events waits this long after every batch, so it adds up to this much latency per
-# stage; their batches grow with the load, not with the wait
-STAGE_WAIT = 0.005
 OFFSETS_TIMEOUT = 10.0  # seconds a rebalance callback waits for an offsets request
 HOLE_RECHECK_SECONDS = 1.0  # a hole in a pages partition is read after this (see _fill_holes)
 HOLE_READS = 3  # reads of a hole that fail before the worker gives up on it (commits past it, loudly)
@@ -201,7 +197,6 @@ class Worker:
         # answers stages run instead of the pages stage reading a whole backlog first
         self._max_waiting = 2 * s.batch_size
         self._in_flight = 0  # batches being judged: at most 2 (one fingerprinting, one queued)
-        self._kick_soon = False  # a _kick_idle is scheduled
         self._paused = False
         self._assigned: set = set()
         self._seek_task: asyncio.Future | None = None  # the seek of uncommitted pages partitions (on_assigned)
@@ -286,10 +281,8 @@ class Worker:
             async for event in stream.noack().events():
                 self._deliver(event)
 
-        stage_wait = min(s.batch_timeout / 2, STAGE_WAIT)
-
         @app.task
-        async def batch_timer():  # a partial batch waits at most batch_timeout (see _deliver)
+        async def batch_timer():  # a partial batch waits at most batch_timeout
             while not app.should_stop:
                 await asyncio.sleep(s.batch_timeout)
                 if self._buffer:
@@ -299,7 +292,7 @@ class Worker:
         # batch is retried here, and if it keeps failing its pages get dead letters (give_up_*)
         @app.agent(self.probes_topic, name="shards")
         async def shard_agent(stream):
-            async for events in stream.take_events(256, within=stage_wait):
+            async for events in stream.take_events(256, within=s.batch_timeout / 2):
                 t0 = time.perf_counter()
                 self._heard_from(self.probes_topic.get_topic_name(), events)
                 self._busy.add("shard")
@@ -313,7 +306,7 @@ class Worker:
 
         @app.agent(self.answers_topic, name="answers")
         async def answers_agent(stream):
-            async for events in stream.take_events(1024, within=stage_wait):
+            async for events in stream.take_events(1024, within=s.batch_timeout / 2):
                 t0 = time.perf_counter()
                 self._heard_from(self.answers_topic.get_topic_name(), events)
                 self._busy.add("answers")
@@ -837,12 +830,6 @@ class Worker:
         self._watch_holes(m.partition)
         if len(self._buffer) >= self.settings.batch_size or self._fillers:
             self._kick()
-        elif self._in_flight == 0 and not self._kick_soon:
-            # nothing being judged: judge what is buffered at once (what the consumer delivers in
-            # this turn of the loop), not after batch_timeout; while a batch is in flight, the next
-            # one fills until it is done, so batches grow with the load
-            self._kick_soon = True
-            asyncio.get_running_loop().call_soon(self._kick_idle)
 
     def _watch_holes(self, partition: int) -> None:
         """Start filling the partition's holes if it has one and no filler runs for it now."""
@@ -925,11 +912,7 @@ class Worker:
         self._in_flight -= 1
         if not task.cancelled() and task.exception() is not None:
             log.error("a pages batch failed", exc_info=task.exception())
-        self._kick(partial=self._in_flight == 0)  # the last one done: what waited for it goes now
-
-    def _kick_idle(self) -> None:
-        self._kick_soon = False
-        self._kick(partial=self._in_flight == 0)
+        self._kick()
 
     def close(self) -> None:
         if self._pool is not None:
