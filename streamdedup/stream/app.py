@@ -90,7 +90,8 @@ CHECK_FAULT_DELAY = 2.0
 # Not applied: a 50 ms consumer fetch wait (faust hard-codes 1.5 s, which stalls each Kafka hop at
 # low rates) and a 0.5 ms GIL switch interval.  With them, a restarted worker still left a probes
 # or answers record unread in 1 of 4 runs of test_faults' stop test after the fix below
-# (docs/faust-notes.md §9; the code is commit a6f157d).
+# (docs/faust-notes.md §9; the code is commit a6f157d, with 5 ms stage waits that need cheaper
+# small shard steps first).
 
 
 class _Active:
