@@ -232,6 +232,7 @@ async def backlog(kafka, args, records: list[dict], n_workers: int, env: dict | 
         "steady_per_s": steady,
         "first_verdict_s": t[0] - t0,
         "cpu_ms_per_page": cpu * 1000 / len(t),
+        "load_avg": os.getloadavg()[0],
         "duplicates": got.received - len(t),
         "rebalances": sum(x > t0 for w in ws for x in log_times(w, SETTLED)),
         "log_problems": await stop_all(ws),
@@ -294,8 +295,11 @@ async def latency(kafka, args, records: list[dict], rate: float) -> dict:
             ws = await start_workers(kafka, topics, args.workdir, 1)
             await asyncio.gather(*[await paced.send() for _ in range(warmup)])
             await got.wait(warmup, args.timeout)
+            cpu0 = cpu_seconds(ws[0].proc.pid)
             await paced.run(rate, args.latency_seconds)
             await got.wait(paced.count, args.timeout)
+            cpu = cpu_seconds(ws[0].proc.pid) - cpu0  # the worker and its pool processes
+            load = os.getloadavg()[0]
     finally:
         await producer.stop()
     lat = np.array([got.at[k] - t for k, t in paced.sent.items()])
@@ -308,6 +312,8 @@ async def latency(kafka, args, records: list[dict], rate: float) -> dict:
         "p99_s": p99,
         "max_s": lat[warmup:].max(),
         "warmup_max_s": lat[:warmup].max(),
+        "cpu_ms_per_page": cpu * 1000 / max(1, paced.count - warmup),
+        "load_avg": load,
         "log_problems": await stop_all(ws),
     }
 

@@ -9,6 +9,8 @@ partition again from the committed offset.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -329,14 +331,14 @@ def test_a_pages_partition_that_delivers_nothing_while_records_wait_is_sought_ag
         return {0: 130, 1: 0}  # partition 0: records 100..129 wait; partition 1 holds none
 
     monkeypatch.setattr(worker, "_seek", seek)
-    monkeypatch.setattr(worker, "_pages_ends", ends)
+    monkeypatch.setattr(worker, "_ends", lambda topic, partitions: ends(partitions))
     recovery = SimpleNamespace(completed=SimpleNamespace(is_set=lambda: True))
     monkeypatch.setattr(worker.app, "tables", SimpleNamespace(recovery=recovery))
     worker._heard_pages = {0: 0.0, 1: 0.0}
 
     async def scenario() -> None:
         assert await worker.reseek_stalled(now=app_module.PARTITION_SILENCE / 2) == []  # not silent long enough
-        assert await worker.reseek_stalled(now=app_module.PARTITION_SILENCE) == [0]
+        assert await worker.reseek_stalled(now=app_module.PARTITION_SILENCE) == [(worker.settings.pages_topic, 0)]
         assert sought == [(0, 100)]
         # sought: it gets another PARTITION_SILENCE before the next try
         assert await worker.reseek_stalled(now=app_module.PARTITION_SILENCE + 1) == []
@@ -344,3 +346,130 @@ def test_a_pages_partition_that_delivers_nothing_while_records_wait_is_sought_ag
         assert await worker.reseek_stalled(now=3 * app_module.PARTITION_SILENCE) == []
 
     asyncio.run(scenario())
+
+
+def test_a_probes_or_answers_partition_left_behind_is_sought_again_from_the_first_offset_not_taken(
+    assigned, monkeypatch, caplog
+):
+    """The backstop covers every topic the worker consumes (docs/faust-notes.md §9): an owned
+    probes or answers partition silent for PARTITION_SILENCE with records past the next offset its
+    stage would take is sought there (the group's committed offset if the stage took nothing in
+    this assignment), with a WARNING; not while its stage is in a batch, nor with nothing waiting."""
+    worker = assigned
+    probes, answers = worker.probes_topic.get_topic_name(), worker.answers_topic.get_topic_name()
+    worker._assigned = {TP(probes, 0), TP(probes, 1), TP(answers, 0), TP(answers, 1)}
+    worker._heard_internal = {(probes, 0): 0.0, (probes, 1): 0.0, (answers, 0): 0.0, (answers, 1): 0.0}
+    sought: list[tuple[str, int, int]] = []
+    asked: list[tuple[str, list[int]]] = []
+
+    async def seek(tp, offset: int) -> None:
+        sought.append((tp.topic, tp.partition, offset))
+
+    async def ends(topic: str, partitions: list[int]) -> dict[int, int]:
+        return {probes: {0: 40, 1: 7}, answers: {0: 12, 1: 3}}[topic]
+
+    async def starts(topic: str, partitions: list[int]) -> dict[int, int]:  # the group's committed offsets
+        asked.append((topic, partitions))
+        return {p: 5 for p in partitions}
+
+    monkeypatch.setattr(worker, "_seek", seek)
+    monkeypatch.setattr(worker, "_ends", ends)
+    monkeypatch.setattr(worker, "_starts", starts)
+    recovery = SimpleNamespace(completed=SimpleNamespace(is_set=lambda: True))
+    monkeypatch.setattr(worker.app, "tables", SimpleNamespace(recovery=recovery))
+    # the shard stage took probes 0's offsets up to 29 and answers 1's up to 2; nothing else yet
+    worker._heard_from(probes, [Event(Message(0, o, b"", b"")) for o in range(20, 30)])
+    worker._heard_from(answers, [Event(Message(1, 2, b"", b""))])
+    worker._heard_internal = {k: 0.0 for k in worker._heard_internal}  # ... long ago
+    worker._internal_start = {(answers, 0): 5}  # where the assignment began reading (_seek_uncommitted)
+
+    async def scenario() -> None:
+        assert await worker.reseek_stalled(now=app_module.PARTITION_SILENCE / 2) == []  # not silent long enough
+        worker._busy.add("shard")  # the shard stage is in a batch: its records wait for it, not for the consumer
+        assert await worker.reseek_stalled(now=app_module.PARTITION_SILENCE) == [(answers, 0)]
+        assert sought == [(answers, 0, 5)]  # nothing taken there: from where the assignment began
+        worker._busy.clear()
+        assert await worker.reseek_stalled(now=app_module.PARTITION_SILENCE + 1) == [(probes, 0), (probes, 1)]
+        assert sought[1:] == [(probes, 0, 30), (probes, 1, 5)]
+        # answers 1: offset 3 is the next to take and the end: nothing waits; sought ones wait again
+        assert await worker.reseek_stalled(now=app_module.PARTITION_SILENCE + 2) == []
+        assert asked == [(probes, [1])]  # the group's committed offset read only where it is not known
+
+    asyncio.run(scenario())
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(f"{probes} partition 1: no record delivered" in w and "offsets 5..6 wait" in w for w in warnings)
+    assert len(warnings) == 3
+
+
+def test_a_partition_that_delivered_nothing_before_a_pause_is_sought_to_its_start_on_resume(assigned, monkeypatch):
+    """Records fetched for a pages partition before the back-pressure paused it are dropped by
+    faust; resuming sought only partitions that had delivered something, so a partition whose
+    first records were all dropped resumed past them, and nothing later showed a hole."""
+    worker = assigned
+    topic = worker.settings.pages_topic
+    sought: list[tuple[int, int]] = []
+
+    async def seek(tp, offset: int) -> None:
+        sought.append((tp.partition, offset))
+
+    resumed: list = []
+    monkeypatch.setattr(worker, "_seek", seek)
+    monkeypatch.setattr(worker.app.consumer, "resume_partitions", lambda tps: resumed.append(set(tps)))
+    tps = {TP(topic, 0), TP(topic, 1)}
+
+    async def scenario() -> None:
+        deliver(worker, 1, range(0, 3))  # partition 1 delivered 0..2; partition 0 (committed 100) nothing
+        await worker._resume(tps, worker._generation)
+
+    asyncio.run(scenario())
+    assert sorted(sought) == [(0, 100), (1, 3)]
+    assert resumed == [tps]
+
+
+def test_an_emptied_set_of_active_partitions_no_longer_drains_every_partition():
+    """faust hands aiokafka's Fetcher.fetched_records its live set of active partitions, and
+    aiokafka drains every buffered partition when that set is empty: at a rebalance, with every
+    partition paused, a fetch call still waiting drained records that faust then dropped
+    (docs/faust-notes.md §9).  The worker's wrapper keeps a paused partition's records buffered."""
+    from aiokafka.consumer.fetcher import Fetcher, FetchResult
+    from aiokafka.consumer.subscription_state import Assignment
+    from aiokafka.structs import TopicPartition
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    class Records:  # aiokafka's PartitionRecords, as FetchResult iterates it
+        def __init__(self, offsets: range) -> None:
+            self.next_fetch_offset, self.offsets = offsets[0], offsets
+
+        def __iter__(self):
+            for o in self.offsets:
+                self.next_fetch_offset = o + 1
+                yield o
+
+    async def fetch(wrapped: bool, active: set) -> dict:
+        tps = [TopicPartition("pages", 0), TopicPartition("pages", 1)]
+        assignment = Assignment(tps)
+        for tp in tps:
+            assignment.state_value(tp).seek(10)
+        buffered = {
+            tp: FetchResult(tp, assignment=assignment, partition_records=Records(range(10, 13)), backoff=0)
+            for tp in tps
+        }
+        fetcher = SimpleNamespace(
+            _closed=False,
+            _records=buffered,
+            _subscriptions=SimpleNamespace(
+                reassignment_in_progress=False, is_assigned=lambda tp: True, fetch_context=contextlib.nullcontext
+            ),
+            _notify=lambda future: None,
+            _wait_consume_future=None,
+        )
+        fetcher.fetched_records = functools.partial(Fetcher.fetched_records, fetcher)
+        thread = SimpleNamespace(consumer=SimpleNamespace(flow_active=True))
+        call = AIOKafkaConsumerThread._fetch_records
+        call = call if wrapped else call.__wrapped__
+        got = await call(thread, SimpleNamespace(_fetcher=fetcher, _closed=False), active, timeout=0)
+        return {tp.partition: list(records) for tp, records in got.items()} | {"left": len(fetcher._records)}
+
+    assert asyncio.run(fetch(False, set())) == {0: [10, 11, 12], 1: [10, 11, 12], "left": 0}  # aiokafka's own
+    assert asyncio.run(fetch(True, set())) == {"left": 2}  # every partition paused: nothing drained
+    assert asyncio.run(fetch(True, {TopicPartition("pages", 1)})) == {1: [10, 11, 12], "left": 1}

@@ -25,6 +25,7 @@ from typing import Any, cast
 
 import faust
 import numpy as np
+from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 from prometheus_client import REGISTRY, CollectorRegistry
 
@@ -40,6 +41,7 @@ from streamdedup.pipeline.wire import ANSWERS, CHANGELOG, CHECKS, PROBES, Batch,
 from streamdedup.settings import Settings
 from streamdedup.stream.check import Checker
 from streamdedup.stream.connection import (
+    committed_offsets,
     end_offsets,
     faust_broker_url,
     faust_credentials,
@@ -83,6 +85,47 @@ FAILED = -2  # an answer row's distance when its shard gave up on the probe (the
 #: ``bulk_replay_slow:<s>`` makes it wait s seconds after each
 FAULT_ENV = "TEST_STREAMDEDUP_FAULT"  # (not STREAMDEDUP_*: settings refuse unknown ones)
 CHECK_FAULT_DELAY = 2.0
+
+
+# Not applied: a 50 ms consumer fetch wait (faust hard-codes 1.5 s, which stalls each Kafka hop at
+# low rates) and a 0.5 ms GIL switch interval.  With them, a restarted worker still left a probes
+# or answers record unread in 1 of 4 runs of test_faults' stop test after the fix below
+# (docs/faust-notes.md §9; the code is commit a6f157d, with 5 ms stage waits that need cheaper
+# small shard steps first).
+
+
+class _Active:
+    """faust's live set of active partitions as aiokafka's ``Fetcher.fetched_records`` reads it:
+    never false.  aiokafka drains *every* buffered partition when that argument is empty, and faust
+    hands it its live set, which it empties (every partition paused) at a rebalance and when the
+    changelogs are read, while a ``getmany`` from before still waits in the consumer thread (up to
+    1 s).  The records that call then drained for paused partitions were dropped by faust's
+    ``getmany`` with aiokafka's position already past them; faust seeks back only partitions with
+    a committed offset, so a partition without one lost them (docs/faust-notes.md §9)."""
+
+    __slots__ = ("tps",)
+
+    def __init__(self, tps: Any) -> None:
+        self.tps = tps
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __contains__(self, tp: object) -> bool:
+        return tp in self.tps
+
+
+def _active_only(fetch: Any) -> Any:
+    @functools.wraps(fetch)
+    async def fetch_records(self: Any, consumer: Any, active_partitions: Any, *args: Any, **kwargs: Any) -> Any:
+        active = None if active_partitions is None else _Active(active_partitions)
+        return await fetch(self, consumer, active, *args, **kwargs)
+
+    return fetch_records
+
+
+_thread = cast(Any, faust_aiokafka.AIOKafkaConsumerThread)
+_thread._fetch_records = _active_only(_thread._fetch_records)
 
 
 def internal_topics(settings: Settings) -> dict[str, str]:
@@ -145,6 +188,12 @@ class Worker:
         self._hole_tasks: dict[int, tuple[int, asyncio.Task]] = {}  # partition -> (generation, _fill_holes)
         self._seen: dict[int, int] = {}  # input partition -> the next offset not buffered yet
         self._heard_pages: dict[int, float] = {}  # pages partition -> its last delivery (or assignment)
+        # the same for the probes and answers partitions owned ((topic, partition) -> when), the next
+        # offset after the last one their stage took, and the stages in a batch now (reseek_stalled)
+        self._heard_internal: dict[tuple[str, int], float] = {}
+        self._next_offset: dict[tuple[str, int], int] = {}
+        self._internal_start: dict[tuple[str, int], int] = {}  # where the assignment's reading began
+        self._busy: set[str] = set()
         # pages read but not yet judged, at most: bounds memory and latency, and lets the shard and
         # answers stages run instead of the pages stage reading a whole backlog first
         self._max_waiting = 2 * s.batch_size
@@ -246,18 +295,28 @@ class Worker:
         async def shard_agent(stream):
             async for events in stream.take_events(256, within=s.batch_timeout / 2):
                 t0 = time.perf_counter()
-                error = await self._retrying("shard", self.on_probes, events)
-                if error is not None:
-                    await self._give_up_probes(events, error)
+                self._heard_from(self.probes_topic.get_topic_name(), events)
+                self._busy.add("shard")
+                try:
+                    error = await self._retrying("shard", self.on_probes, events)
+                    if error is not None:
+                        await self._give_up_probes(events, error)
+                finally:
+                    self._busy.discard("shard")
                 self.metrics.batch_seconds.labels("shard").observe(time.perf_counter() - t0)
 
         @app.agent(self.answers_topic, name="answers")
         async def answers_agent(stream):
             async for events in stream.take_events(1024, within=s.batch_timeout / 2):
                 t0 = time.perf_counter()
-                error = await self._retrying("answers", self.on_answers, events)
-                if error is not None:
-                    self._give_up_answers(events, error)
+                self._heard_from(self.answers_topic.get_topic_name(), events)
+                self._busy.add("answers")
+                try:
+                    error = await self._retrying("answers", self.on_answers, events)
+                    if error is not None:
+                        self._give_up_answers(events, error)
+                finally:
+                    self._busy.discard("answers")
                 self.metrics.batch_seconds.labels("answers").observe(time.perf_counter() - t0)
 
         answers_name = self.answers_topic.get_topic_name()
@@ -356,13 +415,16 @@ class Worker:
             self._assigned = set(assigned)
             now = time.monotonic()
             self._heard_pages = {tp.partition: now for tp in assigned if tp.topic == s.pages_topic}
+            internal = {tp for tp in assigned if tp.topic in self._internal_topics()}
+            self._heard_internal = {(tp.topic, tp.partition): now for tp in internal}
+            self._next_offset, self._internal_start = {}, {}
             self._recovery_started = time.monotonic()
             self.metrics.recovery_restored.set(0)
             # Not awaited here: an offsets request made inside the rebalance callback waits on the
             # consumer that is running the rebalance (a SIGTERM then hung past 30 s).  The partitions
             # stay paused until recovery ends, so the seek still lands before they are read.
             self._seek_task = asyncio.ensure_future(
-                self._seek_uncommitted({tp for tp in assigned if tp.topic == s.pages_topic}, self._generation)
+                self._seek_uncommitted({tp for tp in assigned if tp.topic == s.pages_topic}, self._generation, internal)
             )
 
         if self.faults.stage == "stop":  # the test hook: a stop that never ends (see arm_stop_deadline)
@@ -374,15 +436,16 @@ class Worker:
 
         return app
 
-    async def _seek_uncommitted(self, tps: set, generation: int) -> None:
+    async def _seek_uncommitted(self, tps: set, generation: int, internal: frozenset | set = frozenset()) -> None:
         """Seek the pages partitions that have no committed offset yet to their first record, and
         tell the outbox where each partition's commits start (its committed offset, else its
         beginning): nothing before it is judged again, and nothing after it is committed past
-        until judged (docs/faust-notes.md §10).
-        faust seeks only partitions with a committed offset, and a pages partition this worker
-        took over before any offset was committed was never fetched (docs/faust-notes.md §9).
+        until judged (docs/faust-notes.md §10).  The probes and answers partitions (``internal``)
+        with no committed offset are sought to their first record too.
+        faust seeks back only partitions with a committed offset: records its consumer had
+        drained and dropped for a partition without one were never read (docs/faust-notes.md §9).
         The partitions are paused until recovery ends, so the position holds until then."""
-        if not tps:
+        if not tps and not internal:
             return
         starts: dict[int, int] = {}
         try:
@@ -393,16 +456,24 @@ class Worker:
                 if start is not None and start != read:
                     committed[tp] = start
                     await self._seek(tp, start)
-            missing = [tp for tp in tps if committed.get(tp) is None or committed[tp] < 0]
+            missing = sorted(tp for tp in set(tps) | set(internal) if committed.get(tp) is None or committed[tp] < 0)
             starts = {tp.partition: committed[tp] for tp in tps if tp not in missing}
+            internal_start = {(tp.topic, tp.partition): committed[tp] for tp in internal if tp not in missing}
             if missing:
                 earliest = await asyncio.wait_for(self.app.consumer.earliest_offsets(*missing), OFFSETS_TIMEOUT)
                 for tp in missing:
-                    starts[tp.partition] = earliest.get(tp) or 0
-                    await self._seek(tp, starts[tp.partition])
+                    first = earliest.get(tp) or 0
+                    if tp in tps:
+                        starts[tp.partition] = first
+                    else:
+                        internal_start[(tp.topic, tp.partition)] = first
+                    await self._seek(tp, first)
+            if generation == self._generation:
+                self._internal_start = internal_start
+            if missing:
                 log.info(
-                    "no committed offset yet for pages partitions %s: reading them from the start",
-                    sorted(tp.partition for tp in missing),
+                    "no committed offset yet for partitions %s: reading them from the start",
+                    ", ".join(f"{tp.topic} {tp.partition}" for tp in missing),
                 )
         except Exception:
             log.exception("cannot seek the uncommitted pages partitions %s", sorted(tp.partition for tp in tps))
@@ -416,16 +487,74 @@ class Worker:
                 self._watch_holes(p)
         self._kick(partial=True)  # the records that waited for it
 
-    async def reseek_stalled(self, now: float | None = None) -> list[int]:
-        """Seek again the owned pages partitions that hold records past the last one delivered
-        but have delivered none for ``PARTITION_SILENCE`` seconds, while the worker is not pausing
-        them: faust's consumer can leave a partition unfetched after an assignment (seen once in
-        CI after a SIGKILL and restart, even after the assignment's own seek: docs/faust-notes.md
-        §9), and nothing else would ever read its records.  Returns the partitions sought."""
+    def _internal_topics(self) -> tuple[str, str]:
+        return self.probes_topic.get_topic_name(), self.answers_topic.get_topic_name()
+
+    def _heard_from(self, topic: str, events: list) -> None:
+        """A probes or answers batch reached its stage: note when, and the next offset of each partition."""
+        now = time.monotonic()
+        for e in events:
+            key = (topic, e.message.partition)
+            self._heard_internal[key] = now
+            self._next_offset[key] = max(self._next_offset.get(key, 0), e.message.offset + 1)
+
+    async def reseek_stalled(self, now: float | None = None) -> list[tuple[str, int]]:
+        """Seek again the owned partitions (pages, probes, answers) that hold records past the last
+        one delivered but have delivered none for ``PARTITION_SILENCE`` seconds, while the worker
+        is not pausing them (pages) or its stage is not in a batch (probes, answers), and logs a
+        WARNING: faust's consumer can leave a partition's records behind after an assignment
+        (docs/faust-notes.md §9), and nothing else would ever read them.  Returns the (topic,
+        partition) sought."""
         now = time.monotonic() if now is None else now
         recovery = getattr(getattr(self.app, "tables", None), "recovery", None)
-        if self._paused or recovery is None or not recovery.completed.is_set():
+        if recovery is None or not recovery.completed.is_set() or getattr(self.app, "rebalancing", False):
             return []
+        sought = [] if self._paused else await self._reseek_pages(now)
+        for topic in self._internal_topics():
+            sought += await self._reseek_internal(topic, now)
+        return sought
+
+    async def _reseek_internal(self, topic: str, now: float) -> list[tuple[str, int]]:
+        stage = "shard" if topic == self.probes_topic.get_topic_name() else "answers"
+        if stage in self._busy:  # records wait for the stage, not for the consumer
+            return []
+        quiet = sorted(
+            tp.partition
+            for tp in self._assigned
+            if tp.topic == topic and now - self._heard_internal.get((topic, tp.partition), now) >= PARTITION_SILENCE
+        )
+        if not quiet:
+            return []
+        generation = self._generation
+        try:
+            ends = await asyncio.wait_for(self._highwaters(topic, quiet), OFFSETS_TIMEOUT)
+            # the next offset to take: after the last one taken, else where the assignment began
+            first = {p: self._next_offset.get((topic, p), self._internal_start.get((topic, p))) for p in quiet}
+            if unknown := [p for p, o in first.items() if o is None and ends.get(p, 0) > 0]:
+                first.update(await asyncio.wait_for(self._starts(topic, unknown), OFFSETS_TIMEOUT))
+        except Exception as e:  # the next tick tries again
+            log.warning("cannot read the offsets of %s partitions %s: %s", topic, quiet, e)
+            return []
+        sought = []
+        for p in quiet:
+            tp = TP(topic, p)
+            if generation != self._generation or tp not in self._assigned or (o := first.get(p)) is None:
+                continue
+            if ends.get(p, 0) > o:
+                log.warning(
+                    "%s partition %d: no record delivered for %.0fs while offsets %d..%d wait; seeking it again",
+                    topic,
+                    p,
+                    now - self._heard_internal.get((topic, p), now),
+                    o,
+                    ends[p] - 1,
+                )
+                self._heard_internal[(topic, p)] = now
+                await self._seek(tp, o)
+                sought.append((topic, p))
+        return sought
+
+    async def _reseek_pages(self, now: float) -> list[tuple[str, int]]:
         quiet = [
             p
             for p in sorted(self.outbox.owned)
@@ -437,7 +566,7 @@ class Worker:
             return []
         generation = self._generation
         try:
-            ends = await asyncio.wait_for(self._pages_ends(quiet), OFFSETS_TIMEOUT)
+            ends = await asyncio.wait_for(self._highwaters(self.settings.pages_topic, quiet), OFFSETS_TIMEOUT)
         except Exception as e:  # the next tick tries again
             log.warning("cannot read the end offsets of pages partitions %s: %s", quiet, e)
             return []
@@ -457,11 +586,30 @@ class Worker:
                 )
                 self._heard_pages[p] = now
                 await self._seek(TP(self.settings.pages_topic, p), first)
-                sought.append(p)
+                sought.append((self.settings.pages_topic, p))
         return sought
 
-    async def _pages_ends(self, partitions: list[int]) -> dict[int, int]:
-        return await end_offsets(self.settings, self.settings.pages_topic, partitions)
+    async def _highwaters(self, topic: str, partitions: list[int]) -> dict[int, int]:
+        """Each partition's end offset as faust's consumer saw it in its last fetch (no request:
+        the backstop looks at quiet partitions every 5 s); read by a client of our own for those
+        it has not fetched."""
+        out: dict[int, int] = {}
+        consumer = cast(Any, self.app.consumer)
+        for p in partitions:
+            try:
+                if (end := consumer.highwater(TP(topic, p))) is not None:
+                    out[p] = end
+            except Exception:  # the consumer not started, or the partition no longer assigned
+                pass
+        if missing := [p for p in partitions if p not in out]:
+            out.update(await self._ends(topic, missing))
+        return out
+
+    async def _ends(self, topic: str, partitions: list[int]) -> dict[int, int]:
+        return await end_offsets(self.settings, topic, partitions)
+
+    async def _starts(self, topic: str, partitions: list[int]) -> dict[int, int]:
+        return await committed_offsets(self.settings, topic, partitions)
 
     async def _seek(self, tp: Any, offset: int) -> None:
         """Seek a pages partition in faust's consumer thread.  faust's ``Consumer.seek`` calls
@@ -654,9 +802,13 @@ class Worker:
         for tp in tps:
             if generation != self._generation:
                 return
-            if tp.partition in self._seen:
+            # the first offset not delivered; also for a partition that delivered nothing yet (its
+            # records fetched before the pause were dropped too, and no later one shows a hole)
+            o = self.outbox.offsets.get(tp.partition)
+            first = max(o.committed, o.top + 1) if o is not None and o.committed is not None else None
+            if (first := self._seen.get(tp.partition, first)) is not None:
                 try:
-                    await self._seek(tp, self._seen[tp.partition])
+                    await self._seek(tp, first)
                 except Exception as e:  # resume anyway: a record skipped shows as a hole, read again
                     log.warning("cannot seek pages partition %d before resuming it: %r", tp.partition, e)
         if generation == self._generation:

@@ -19,6 +19,7 @@ from typing import Any
 import faust
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka import errors as Errors
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.client import AIOKafkaClient, ConnectionGroup
 from aiokafka.protocol.group import HeartbeatRequest
 from faust.types.auth import SASLMechanism
@@ -29,6 +30,7 @@ __all__ = [
     "faust_broker_url",
     "faust_credentials",
     "end_offsets",
+    "committed_offsets",
     "read_ranges",
     "Member",
     "faust_member",
@@ -82,6 +84,29 @@ async def end_offsets(settings: Settings, topic: str, partitions: list[int]) -> 
         return {tp.partition: int(end) for tp, end in ends.items()}
     finally:
         await consumer.stop()
+
+
+async def committed_offsets(settings: Settings, topic: str, partitions: list[int]) -> dict[int, int]:
+    """The worker group's committed offset of each of ``topic``'s ``partitions``, its beginning
+    where it has none, read with clients of our own (see end_offsets)."""
+    tps = [TopicPartition(topic, p) for p in partitions]
+    admin = AIOKafkaAdminClient(**settings.aiokafka_kwargs())
+    await admin.start()
+    try:
+        committed = await admin.list_consumer_group_offsets(settings.app_id, partitions=tps)
+    finally:
+        await admin.close()
+    out = {tp.partition: meta.offset for tp, meta in committed.items() if meta is not None and meta.offset >= 0}
+    if missing := [tp for tp in tps if tp.partition not in out]:
+        consumer = AIOKafkaConsumer(**settings.aiokafka_kwargs(), group_id=None, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            out.update(
+                {tp.partition: int(offset) for tp, offset in (await consumer.beginning_offsets(missing)).items()}
+            )
+        finally:
+            await consumer.stop()
+    return out
 
 
 #: The bulk changelog reader's fetch sizes: whole runs of records per request (the broker's

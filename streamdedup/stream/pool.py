@@ -2,8 +2,8 @@
 
 A pool process whose worker is SIGKILLed would otherwise wait on its task queue for good;
 each one watches its parent and exits when the parent is gone.  Each also loads the compiled
-fingerprint kernels as it starts (about 2 s from numba's cache), so the first batch of pages
-does not wait for them.
+fingerprint kernels (about 2 s from numba's cache) and runs one small page through the whole
+path as it starts, so the first batch of pages does not wait for them.
 """
 
 from __future__ import annotations
@@ -29,8 +29,12 @@ def _watch_parent(parent: int) -> None:
 def _start(parent: int) -> None:
     _watch_parent(parent)
     from streamdedup.fingerprinting.kernels import warm_up
+    from streamdedup.pipeline.intake import fingerprint_contents
 
     warm_up()
+    # and the rest of a batch's path (the HTML parser, text extraction), once: the ~20 ms
+    # that the first batch of pages would otherwise wait for
+    fingerprint_contents([("<html><body><p>warm up</p></body></html>", "text/html", None)])
 
 
 def fingerprint_pool(processes: int) -> ProcessPoolExecutor:
