@@ -365,8 +365,10 @@ def test_a_probes_or_answers_partition_left_behind_is_sought_again_from_the_firs
     async def seek(tp, offset: int) -> None:
         sought.append((tp.topic, tp.partition, offset))
 
+    ends_now = {probes: {0: 40, 1: 7}, answers: {0: 12, 1: 3}}
+
     async def ends(topic: str, partitions: list[int]) -> dict[int, int]:
-        return {probes: {0: 40, 1: 7}, answers: {0: 12, 1: 3}}[topic]
+        return ends_now[topic]
 
     async def starts(topic: str, partitions: list[int]) -> dict[int, int]:  # the group's committed offsets
         asked.append((topic, partitions))
@@ -393,6 +395,10 @@ def test_a_probes_or_answers_partition_left_behind_is_sought_again_from_the_firs
         assert sought[1:] == [(probes, 0, 30), (probes, 1, 5)]
         # answers 1: offset 3 is the next to take and the end: nothing waits; sought ones wait again
         assert await worker.reseek_stalled(now=app_module.PARTITION_SILENCE + 2) == []
+        # an idle partition: its last transaction's commit marker is all that follows what was taken
+        ends_now[answers] = {0: 12, 1: 4}
+        worker._heard_internal[(answers, 1)] = 0.0
+        assert await worker.reseek_stalled(now=app_module.PARTITION_SILENCE + 3) == []
         assert asked == [(probes, [1])]  # the group's committed offset read only where it is not known
 
     asyncio.run(scenario())
