@@ -13,25 +13,17 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["regroup_strings", "regroup_strings_into", "warm_up"]
-
-
-@njit(cache=True, nogil=True)
-def regroup_strings(blob: np.ndarray, sizes: np.ndarray, slot: np.ndarray, group_starts: np.ndarray) -> np.ndarray:
-    """``blob`` (uint8) holds each row's ``sizes[i]`` bytes in row order; the result holds them
-    by ``slot`` (each row's group rank), rows in order within one: group k's bytes start at
-    ``group_starts[k]``."""
-    out = np.empty(len(blob), dtype=np.uint8)
-    regroup_strings_into(out, blob, sizes, slot, group_starts)
-    return out
+__all__ = ["regroup_strings_into", "warm_up"]
 
 
 @njit(cache=True, nogil=True)
 def regroup_strings_into(
     out: np.ndarray, blob: np.ndarray, sizes: np.ndarray, slot: np.ndarray, group_starts: np.ndarray
 ) -> None:
-    """:func:`regroup_strings` into ``out`` (as long as ``blob``; releases the GIL: a thread
-    fills it while the caller goes on)."""
+    """``blob`` (uint8) holds each row's ``sizes[i]`` bytes in row order; ``out`` (as long as
+    ``blob``) gets them by ``slot`` (each row's group rank), rows in order within one: group k's
+    bytes start at ``group_starts[k]``.  Releases the GIL: a thread fills it while the caller
+    goes on."""
     at = group_starts.copy()
     src = 0
     for i in range(len(sizes)):
@@ -51,7 +43,6 @@ def warm_up() -> None:
         np.array([1, 0], dtype=np.int64),
         np.array([0, 2], dtype=np.int64),
     )
-    regroup_strings(*args)
     regroup_strings_into(np.empty(3, dtype=np.uint8), *args)
 
 
