@@ -169,11 +169,26 @@ class _HeldWrites:
                 self.now -= 1
 
 
-def test_the_background_snapshots_of_two_partitions_are_written_one_at_a_time(tmp_path, monkeypatch):
+def _held_worker(tmp_path, monkeypatch) -> tuple[Worker, _HeldWrites]:
+    """A worker of 2 partitions whose snapshot writes go through a :class:`_HeldWrites`."""
     monkeypatch.setattr(ShardStore, "end_offsets", _no_changelog)
     w = Worker(Settings(data_dir=tmp_path, fingerprint_processes=0, partitions=2), registry=CollectorRegistry())
     held = _HeldWrites(w.store, store_module.write_arrays)
     monkeypatch.setattr(store_module, "write_arrays", held)
+    return w, held
+
+
+def _never(condition, what: str, seconds: float) -> None:
+    """Fail with ``what`` as soon as ``condition`` holds within ``seconds`` (a chance for a
+    violation to show: no timing is asserted)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert not condition(), what
+        time.sleep(0.01)
+
+
+def test_the_background_snapshots_of_two_partitions_are_written_one_at_a_time(tmp_path, monkeypatch):
+    w, held = _held_worker(tmp_path, monkeypatch)
     try:
         asyncio.run(assign(w, monkeypatch, {0, 1}))
         store = w.store
@@ -185,10 +200,8 @@ def test_the_background_snapshots_of_two_partitions_are_written_one_at_a_time(tm
         _until(lambda: held.started, "the first write never started")
         # Room for a second writer to start while the first is held (it would within
         # milliseconds); the one writer thread cannot.
-        deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline and len(held.started) < 2:
-            time.sleep(0.01)
-        assert held.started == [(0, 4)], "the second write started while the first was under way"
+        _never(lambda: len(held.started) > 1, "the second write started while the first was under way", 1.0)
+        assert held.started == [(0, 4)]
         held.release.set()
         store.finish_snapshots()
         assert held.started == [(0, 4), (1, 6)] and held.most == 1
@@ -239,10 +252,7 @@ def test_the_first_periodic_snapshots_of_a_workers_shards_come_due_at_staggered_
 def test_a_revocation_snapshot_supersedes_its_partitions_queued_write_and_does_not_wait_behind_the_queue(
     tmp_path, monkeypatch
 ):
-    monkeypatch.setattr(ShardStore, "end_offsets", _no_changelog)
-    w = Worker(Settings(data_dir=tmp_path, fingerprint_processes=0, partitions=2), registry=CollectorRegistry())
-    held = _HeldWrites(w.store, store_module.write_arrays)
-    monkeypatch.setattr(store_module, "write_arrays", held)
+    w, held = _held_worker(tmp_path, monkeypatch)
     monkeypatch.setattr(Shard, "save", lambda self, path, meta=None: held(path, self.snapshot_arrays(), meta))
     try:
         asyncio.run(assign(w, monkeypatch, {0, 1}))
