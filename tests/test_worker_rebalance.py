@@ -479,3 +479,45 @@ def test_an_emptied_set_of_active_partitions_no_longer_drains_every_partition():
     assert asyncio.run(fetch(False, set())) == {0: [10, 11, 12], 1: [10, 11, 12], "left": 0}  # aiokafka's own
     assert asyncio.run(fetch(True, set())) == {"left": 2}  # every partition paused: nothing drained
     assert asyncio.run(fetch(True, {TopicPartition("pages", 1)})) == {1: [10, 11, 12], "left": 1}
+
+
+def test_records_fetched_while_recovery_seeks_to_the_committed_offsets_are_not_handed_out(worker):
+    """faust's Recovery.on_recovery_completed sends on_rebalance_complete, resumes the stream
+    partitions, awaits its seek of them to the committed offsets, clears every agent's queue and
+    only then resumes the flow.  A record faust's getmany handed out in between was cleared with
+    faust's read offset past it (or raised the read offset over the same record fetched again
+    after the seek): a probes or answers record lost for good (docs/faust-notes.md §9).  The
+    worker stops the flow at on_rebalance_complete, so getmany hands out nothing until recovery
+    resumes it; then the records come, from faust's real getmany."""
+    from aiokafka.structs import ConsumerRecord
+
+    consumer = worker.app.consumer
+    tp = TP(worker.probes_topic.get_topic_name(), 0)
+    record = ConsumerRecord(tp.topic, 0, 5, 1_700_000_000_000, 0, b"k", b"v", None, 1, 1, [])
+    seeks: list[str] = []
+
+    async def fetched(timeout: float):
+        return {tp: [record]}, {tp}
+
+    async def seek_to_committed() -> None:
+        seeks.append("seek")
+
+    consumer._wait_next_records = fetched
+    consumer.perform_seek = seek_to_committed
+    consumer.highwater = lambda tp: 6
+
+    async def handed_out() -> list[int]:
+        return [message.offset async for _, message in consumer.getmany(timeout=0)]
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        consumer.resume_flow()  # as recovery leaves it after reading the changelogs
+        await worker.app.on_rebalance_complete.send()  # recovery's first step as it ends
+        consumer.resume_partitions({tp})
+        during = await handed_out()  # the fetch that returns while recovery seeks
+        consumer.resume_flow()  # recovery, after its seek and the clear of the agents' queues
+        return during, await handed_out()
+
+    during, after = asyncio.run(scenario())
+    assert during == []
+    assert seeks == ["seek"]  # faust's getmany seeks a fetch that returned with the flow stopped back
+    assert after == [5]
