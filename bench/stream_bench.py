@@ -296,10 +296,13 @@ async def latency(kafka, args, records: list[dict], rate: float) -> dict:
             await asyncio.gather(*[await paced.send() for _ in range(warmup)])
             await got.wait(warmup, args.timeout)
             cpu0 = cpu_seconds(ws[0].proc.pid)
+            phases0 = phase_histograms(ws[0])
             await paced.run(rate, args.latency_seconds)
             await got.wait(paced.count, args.timeout)
             cpu = cpu_seconds(ws[0].proc.pid) - cpu0  # the worker and its pool processes
             load = os.getloadavg()[0]
+            await asyncio.sleep(0.5)  # (the worker observes a page's phases just after its commit)
+            phases = phase_figures(phases0, phase_histograms(ws[0]))
     finally:
         await producer.stop()
     lat = np.array([got.at[k] - t for k, t in paced.sent.items()])
@@ -314,6 +317,7 @@ async def latency(kafka, args, records: list[dict], rate: float) -> dict:
         "warmup_max_s": lat[:warmup].max(),
         "cpu_ms_per_page": cpu * 1000 / max(1, paced.count - warmup),
         "load_avg": load,
+        **phases,
         "log_problems": await stop_all(ws),
     }
 
@@ -366,6 +370,35 @@ def shard_rows(w: WorkerProcess) -> int:
             return total
         time.sleep(1)
     return 0
+
+
+PHASE = re.compile(
+    r'^streamdedup_page_phase_seconds_(bucket|sum|count)\{(?:le="([^"]+)",)?phase="(\w+)"(?:,le="([^"]+)")?\} (\S+)$',
+    re.M,
+)
+
+
+def phase_histograms(w: WorkerProcess) -> dict[str, dict[str, float]]:
+    """The worker's streamdedup_page_phase_seconds: phase -> {"sum", "count", le: cumulative count}."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{w.web_port}/metrics", timeout=5).read().decode()
+    out: dict[str, dict[str, float]] = {}
+    for kind, le1, phase, le2, value in PHASE.findall(text):
+        out.setdefault(phase, {})[le1 or le2 or kind] = float(value)
+    return out
+
+
+def phase_figures(before: dict, after: dict) -> dict[str, float]:
+    """Per phase over a window (two scrapes): the mean and the p99 (the bucket bound it falls in)."""
+    out = {}
+    for phase, h in after.items():
+        b = before.get(phase, {})
+        n = h["count"] - b.get("count", 0.0)
+        if n <= 0:
+            continue
+        out[f"phase_{phase}_mean_s"] = (h["sum"] - b.get("sum", 0.0)) / n
+        bounds = sorted((float(le), c - b.get(le, 0.0)) for le, c in h.items() if le not in ("sum", "count"))
+        out[f"phase_{phase}_p99_le_s"] = next(le for le, c in bounds if c >= 0.99 * n)
+    return out
 
 
 BULK = re.compile(r"bulk replay of \S+ from offsets .*?: (\d+) records, (\d+) rows in ([\d.]+)s")

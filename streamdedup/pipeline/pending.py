@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -61,6 +62,11 @@ class Waiting:
     )
     cluster: int | None = None  # the page's bottom-n cluster key (None: no words, or keys off)
     similarity: float | None = None  # the match's estimated resemblance (the minhash mode)
+    # wall-clock seconds (time.time()) of its way through a worker, for the phase metrics: its batch
+    # taken from the buffer, its probes sent, its last answer in (None: not there yet)
+    taken_at: float | None = None
+    probed_at: float | None = None
+    answered_at: float | None = None
 
     @property
     def done(self) -> bool:
@@ -196,6 +202,10 @@ class Pending:
             self._requests.pop(w.request, None)
         w.reason, w.error, w.missing, w.best, w.best_group = reason, error, 0, None, -1
 
+    def at(self, partition: int, offset: int) -> Waiting | None:
+        """The record of ``partition`` at ``offset`` while it waits (None: not waiting)."""
+        return self._parts.get(partition, {}).get(offset)
+
     def waiting(self, request: int) -> Waiting | None:
         """The record waiting for ``request``'s answers (None: unknown or done)."""
         return self._requests.get(request)
@@ -221,6 +231,7 @@ class Pending:
                 if self.similarity_of is not None:
                     w.similarity = self.similarity_of(distance)
         if w.done:
+            w.answered_at = time.time()
             del self._requests[request]
             if w.on_done is not None:
                 w.on_done(w)

@@ -694,7 +694,7 @@ class Worker:
             for e in events
         ]
         self.metrics.pages.inc(len(records))
-        t0 = time.perf_counter()
+        t0, taken_at = time.perf_counter(), time.time()
         ticket = self._tickets
         self._tickets += 1
         error: Exception | None
@@ -763,6 +763,7 @@ class Worker:
                     if self.settings.standby_replicas:
                         self._sent.append((sent_at, shard_partition, batch))
                 partitions = intake.partitions
+                self._stamp(records, taken_at)
         finally:
             async with self._turn:
                 self._next_ticket += 1
@@ -770,6 +771,13 @@ class Worker:
         self.metrics.batch_seconds.labels("pages").observe(time.perf_counter() - t0)
         for p in sorted(partitions):
             self.outbox.schedule(p)  # dead letters at the head go out now
+
+    def _stamp(self, records: list[Record], taken_at: float) -> None:
+        """When the batch of ``records`` was taken and its probes sent (the phase metrics)."""
+        probed_at = time.time()
+        for r in records:
+            if (w := self.pending.at(r.partition, r.offset)) is not None and w.request is not None:
+                w.taken_at, w.probed_at = taken_at, probed_at
 
     def _take(self, partition: int, offset: int) -> bool:
         """False for a record this assignment has taken already.  faust may deliver a partition's
@@ -1175,6 +1183,12 @@ class Worker:
                     m.match_similarity.observe(w.similarity)
             if (lat := latency_seconds(w, now)) is not None:
                 m.latency.observe(lat)
+            if w.taken_at is not None and w.probed_at is not None and w.answered_at is not None:
+                if w.timestamp_ms is not None and w.timestamp_ms > 0:
+                    m.phase.labels("read").observe(max(0.0, w.taken_at - w.timestamp_ms / 1000))
+                m.phase.labels("fingerprint").observe(w.probed_at - w.taken_at)
+                m.phase.labels("answers").observe(max(0.0, w.answered_at - w.probed_at))
+                m.phase.labels("commit").observe(max(0.0, now - w.answered_at))
 
     async def _bulk_fault(self) -> None:
         """The test hook (FAULT_ENV) after each run the bulk replay restores."""

@@ -29,6 +29,9 @@ disable_created_metrics()  # process-wide; every registry of the worker is serve
 #: faust's sensor metrics are named ``<prefix>_messages_received_total`` etc.
 FAUST_PREFIX = "streamdedup_faust"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+#: The phases of streamdedup_page_phase_seconds, in a page's order (their sum is its latency).
+PHASES = ("read", "fingerprint", "answers", "commit")
+PHASE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 DISTANCE_BUCKETS = tuple(float(d) for d in range(0, 17))
 SIMILARITY_BUCKETS = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.98, 0.99, 1.0)
@@ -44,6 +47,7 @@ class Metrics:
     match_distance: Histogram
     match_similarity: Histogram
     latency: Histogram
+    phase: Histogram
     batch_seconds: Histogram
     shard_fingerprints: Gauge
     shard_bytes: Gauge
@@ -87,6 +91,15 @@ class Metrics:
                 "streamdedup_verdict_latency_seconds",
                 "From the page's Kafka timestamp (produce time) to its verdict being committed.",
                 buckets=LATENCY_BUCKETS,
+                **r,
+            ),
+            phase=Histogram(
+                "streamdedup_page_phase_seconds",
+                "Where a page's verdict latency goes, by phase: read (Kafka timestamp to its batch "
+                "taken: fetch, buffer, batch timer), fingerprint (batch taken to its probes sent), "
+                "answers (probes sent to the last shard answer in), commit (to its verdict committed).",
+                ["phase"],
+                buckets=PHASE_BUCKETS,
                 **r,
             ),
             batch_seconds=Histogram(
@@ -199,6 +212,8 @@ class Metrics:
         for stage in ("pages", "shard", "answers"):
             self.errors.labels(stage)
             self.batch_seconds.labels(stage)
+        for phase in PHASES:
+            self.phase.labels(phase)
         self.check_seconds.labels("200")
         self.worker_memory.set_function(worker_memory_bytes)
 

@@ -36,9 +36,11 @@ import yaml
 from aiokafka import AIOKafkaProducer
 from deploy_files import DEPLOY, dashboard_queries, iter_rules, local_prometheus_config
 from kafka_broker import free_ports, unique_name
+from prometheus_client.parser import text_string_to_metric_families
 from stream_harness import StreamTopics, WorkerProcess, page_record, produce, wait_for_verdicts
 
 from streamdedup.stream.app import FAULT_ENV
+from streamdedup.stream.metrics import PHASES
 
 #: Alerts the real test provokes; the others are shown firing by promtool test rules only.
 PROVOKED = {
@@ -136,6 +138,20 @@ def scrape(port: int) -> str:
         return r.read().decode()
 
 
+def phase_sums(text: str) -> dict[str, tuple[float, float]]:
+    """(count, sum) of each phase of streamdedup_page_phase_seconds, and of the verdict latency."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in ("streamdedup_page_phase_seconds_count", "streamdedup_verdict_latency_seconds_count"):
+                key = sample.labels.get("phase", "latency")
+                out[key] = (sample.value, out.get(key, (0.0, 0.0))[1])
+            elif sample.name in ("streamdedup_page_phase_seconds_sum", "streamdedup_verdict_latency_seconds_sum"):
+                key = sample.labels.get("phase", "latency")
+                out[key] = (out.get(key, (0.0, 0.0))[0], sample.value)
+    return out
+
+
 def promtool_check_metrics(text: str) -> None:
     promtool = shutil.which("promtool")
     assert promtool, "promtool is missing: run deploy/local/install-debian-packages.sh"
@@ -217,6 +233,14 @@ def test_each_alert_fires_when_its_failure_is_provoked(kafka, tmp_path):
         good = [page_record(f"http://prom.test/{i}", f"<p>page {i} {'words of text ' * 30}</p>") for i in range(40)]
         produce(kafka, topics.pages, good)
         wait_for_verdicts(kafka, topics, len(good))
+        # every page's latency split into its phases: each phase once a page, and they add up
+        deadline = time.monotonic() + 30
+        while (sums := phase_sums(scrape(worker.web_port)))["latency"][0] < len(good):
+            assert time.monotonic() < deadline, f"latency observed for {sums['latency'][0]} of {len(good)} pages"
+            time.sleep(0.2)
+        assert {p: sums[p][0] for p in PHASES} == dict.fromkeys(PHASES, len(good))
+        assert all(total >= 0 for _, total in sums.values())
+        assert sum(sums[p][1] for p in PHASES) == pytest.approx(sums["latency"][1], abs=0.05)
         assert post_check(worker.web_port, page_record("http://prom.test/check", "<p>page 1</p>")) == 200
 
         # while pages flow every dashboard query has data, and every operand of every alert (the
