@@ -1,7 +1,7 @@
 """The stream worker end to end on a private local broker: throughput, latency, recovery, scaling.
 
     python bench/stream_bench.py --runs 3 [--pages 3000] [--latency-seconds 20] [--recovery-pages 500000]
-                                 [--recovery-env STREAMDEDUP_SESSION_TIMEOUT=60 ...]
+                                 [--recovery-env STREAMDEDUP_SESSION_TIMEOUT=60 ...] [--worker-env NAME=VALUE ...]
 
 Each run uses fresh topics and app ids and prints one JSON line; then the medians.  See
 bench/README.md ("Stream worker") for what every figure means.
@@ -96,6 +96,11 @@ async def fresh_app(kafka, partitions: int) -> tuple[StreamTopics, Settings]:
 def new_worker(kafka, topics: StreamTopics, workdir: Path, name: str = "w", env: dict | None = None) -> WorkerProcess:
     WORKERS.append(WorkerProcess(kafka, topics, workdir / topics.app_id, name=name, env=env))
     return WORKERS[-1]
+
+
+def worker_env(args) -> dict[str, str]:
+    """--worker-env: settings for the workers of the throughput, latency and scaling tests."""
+    return dict(e.split("=", 1) for e in args.worker_env)
 
 
 async def start_workers(
@@ -241,7 +246,7 @@ async def backlog(kafka, args, records: list[dict], n_workers: int, env: dict | 
 
 async def throughput(kafka, args, records: list[dict]) -> dict:
     scan_per_s, scan_cpu, scan = scan_rate(records)
-    r, stream = await backlog(kafka, args, records, 1)
+    r, stream = await backlog(kafka, args, records, 1, worker_env(args))
     return {
         "scan_per_s": scan_per_s,
         "scan_cpu_ms_per_page": scan_cpu,
@@ -292,7 +297,7 @@ async def latency(kafka, args, records: list[dict], rate: float) -> dict:
     await producer.start()
     try:
         async with Verdicts(kafka, topics.verdicts) as got:
-            ws = await start_workers(kafka, topics, args.workdir, 1)
+            ws = await start_workers(kafka, topics, args.workdir, 1, worker_env(args))
             await asyncio.gather(*[await paced.send() for _ in range(warmup)])
             await got.wait(warmup, args.timeout)
             cpu0 = cpu_seconds(ws[0].proc.pid)
@@ -477,7 +482,7 @@ async def one_run(kafka, args, records: list[dict]) -> dict:
             cpu = out["alg_simhash_cpu_ms_per_page"] / out[f"alg_{algorithm}_cpu_ms_per_page"]
             out[f"alg_{algorithm}_cpu_vs_simhash"] = cpu
     if "scaling" in args.only:
-        add("two", (await backlog(kafka, args, records, 2))[0])
+        add("two", (await backlog(kafka, args, records, 2, worker_env(args)))[0])
         out["two_vs_one"] = out["two_per_s"] / out["tput_per_s"]
         out["two_steady_vs_one"] = out["two_steady_per_s"] / out["tput_steady_per_s"]
     return out
@@ -493,6 +498,13 @@ def main() -> None:
     p.add_argument("--latency-rate", type=float, help="pages/s for the latency test (default: half of tput_per_s)")
     p.add_argument("--recovery-pages", type=int, default=500_000)
     p.add_argument("--rows-per-record", type=int, default=250, help="changelog rows per Kafka record")
+    p.add_argument(
+        "--worker-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting for the throughput, latency and scaling workers, e.g. STREAMDEDUP_BATCH_TIMEOUT=0.02",
+    )
     p.add_argument(
         "--recovery-env",
         action="append",
