@@ -204,7 +204,8 @@ class Pending:
 
     def at(self, partition: int, offset: int) -> Waiting | None:
         """The record of ``partition`` at ``offset`` while it waits (None: not waiting)."""
-        return self._parts.get(partition, {}).get(offset)
+        part = self._parts.get(partition)
+        return None if part is None else part.get(offset)
 
     def waiting(self, request: int) -> Waiting | None:
         """The record waiting for ``request``'s answers (None: unknown or done)."""
