@@ -481,43 +481,44 @@ def test_an_emptied_set_of_active_partitions_no_longer_drains_every_partition():
     assert asyncio.run(fetch(True, {TopicPartition("pages", 1)})) == {1: [10, 11, 12], "left": 1}
 
 
-def test_records_fetched_while_recovery_seeks_to_the_committed_offsets_are_not_handed_out(worker):
+def test_a_record_handed_out_while_recovery_seeks_reaches_its_agent_after_the_queues_are_cleared(worker):
     """faust's Recovery.on_recovery_completed sends on_rebalance_complete, resumes the stream
-    partitions, awaits its seek of them to the committed offsets, clears every agent's queue and
-    only then resumes the flow.  A record faust's getmany handed out in between was cleared with
-    faust's read offset past it (or raised the read offset over the same record fetched again
-    after the seek): a probes or answers record lost for good (docs/faust-notes.md §9).  The
-    worker stops the flow at on_rebalance_complete, so getmany hands out nothing until recovery
-    resumes it; then the records come, from faust's real getmany."""
+    partitions, awaits its seek of them to the committed offsets, and only then resumes the flow
+    control, which clears every agent's queue.  A record faust handed out in between went into
+    its agent's queue and was cleared, with faust's read offset past it: a probes or answers
+    record lost for good (docs/faust-notes.md §9).  The worker suspends the flow control at
+    on_rebalance_complete: faust's delivery of such a record (mode's FlowControlQueue.put, which
+    acquires the flow control first, as faust's on_message does) waits and lands after the clear.
+    The consumer's flow stays on: faust's real getmany still hands the fetch out (a stopped flow
+    would drop it, standby changelog records and all)."""
     from aiokafka.structs import ConsumerRecord
+    from mode.utils.queues import FlowControlQueue
 
-    consumer = worker.app.consumer
+    app, consumer = worker.app, worker.app.consumer
     tp = TP(worker.probes_topic.get_topic_name(), 0)
     record = ConsumerRecord(tp.topic, 0, 5, 1_700_000_000_000, 0, b"k", b"v", None, 1, 1, [])
-    seeks: list[str] = []
 
     async def fetched(timeout: float):
         return {tp: [record]}, {tp}
 
-    async def seek_to_committed() -> None:
-        seeks.append("seek")
-
     consumer._wait_next_records = fetched
-    consumer.perform_seek = seek_to_committed
     consumer.highwater = lambda tp: 6
 
-    async def handed_out() -> list[int]:
-        return [message.offset async for _, message in consumer.getmany(timeout=0)]
-
-    async def scenario() -> tuple[list[int], list[int]]:
-        consumer.resume_flow()  # as recovery leaves it after reading the changelogs
-        await worker.app.on_rebalance_complete.send()  # recovery's first step as it ends
+    async def scenario() -> tuple[list[int], int, int]:
+        queue: FlowControlQueue = FlowControlQueue(flow_control=app.flow_control, clear_on_resume=True)
+        app.flow_control.resume()  # as recovery leaves it after reading the changelogs
+        consumer.resume_flow()
+        await app.on_rebalance_complete.send()  # recovery's first step as it ends
         consumer.resume_partitions({tp})
-        during = await handed_out()  # the fetch that returns while recovery seeks
-        consumer.resume_flow()  # recovery, after its seek and the clear of the agents' queues
-        return during, await handed_out()
+        handed = [m async for _, m in consumer.getmany(timeout=0)]  # a fetch returns during the seek
+        put = asyncio.ensure_future(queue.put(handed[0]))  # faust delivers it to the probes agent
+        await asyncio.sleep(0.01)
+        queued_during_seek = queue.qsize()
+        app.flow_control.resume()  # recovery, after its seek: clears every agent's queue
+        await asyncio.wait_for(put, 5)
+        return [m.offset for m in handed], queued_during_seek, queue.qsize()
 
-    during, after = asyncio.run(scenario())
-    assert during == []
-    assert seeks == ["seek"]  # faust's getmany seeks a fetch that returned with the flow stopped back
-    assert after == [5]
+    handed, during, after = app.loop.run_until_complete(scenario())  # (the loop faust bound its events to)
+    assert handed == [5]
+    assert during == 0  # held, not queued where the clear would drop it
+    assert after == 1

@@ -450,12 +450,15 @@ class Worker:
         @app.on_rebalance_complete.connect  # type: ignore[arg-type]  # (as above)
         async def hold_flow(sender, **kwargs):
             # faust's recovery sends this first as it ends, then resumes the stream partitions,
-            # awaits its seek of them to the committed offsets, clears every agent's queue and only
-            # then resumes the flow.  Records handed out meanwhile were dropped by the clear with
-            # faust's read offset past them, or raised that read offset over the same records
-            # fetched again after the seek: a probes or answers record lost for good (faust-notes
-            # §9).  With the flow stopped, getmany hands out nothing until recovery resumes it.
-            app.consumer.stop_flow()
+            # awaits its seek of them to the committed offsets, and only then resumes the flow
+            # control, which clears every agent's queue.  A record handed out meanwhile went into
+            # a queue and was cleared, with faust's read offset past it: a probes or answers
+            # record lost for good (faust-notes §9).  Suspended, the flow control holds the first
+            # record handed out in faust's on_message (acquire_flow_control) until that clear, as
+            # faust does at a rebalance.  (Not consumer.stop_flow: a fetch returning while the
+            # flow is stopped is dropped, the standby changelog records in it too, and only the
+            # stream partitions are sought back.)
+            app.flow_control.suspend()
 
         if self.faults.stage == "stop":  # the test hook: a stop that never ends (see arm_stop_deadline)
 
