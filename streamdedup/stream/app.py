@@ -18,7 +18,6 @@ import logging
 import math
 import os
 import struct
-import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -88,28 +87,11 @@ FAULT_ENV = "TEST_STREAMDEDUP_FAULT"  # (not STREAMDEDUP_*: settings refuse unkn
 CHECK_FAULT_DELAY = 2.0
 
 
-#: How long the broker may hold the consumer's fetch when there is nothing new (faust's own: 1.5 s).
-#: One fetch at a time goes to a broker, for the partitions with nothing buffered when it was sent;
-#: records that arrive meanwhile for the others (buffered then, or paused for flow control) are
-#: fetched only after it returns.  With 1.5 s, pages, probes and answers stalled for 1.4-1.5 s at a
-#: time at 150 pages/s (bench/README.md, "Speed goals"); an empty fetch every 50 ms costs little.
-FETCH_MAX_WAIT_MS = 50
-
-
-def _bounded_fetch_wait(create: Any) -> Any:
-    def create_worker_consumer(self: Any, transport: Any) -> Any:
-        consumer = create(self, transport)
-        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # read by AIOKafkaConsumer.start (its Fetcher)
-        return consumer
-
-    return create_worker_consumer
-
-
-#: Seconds a thread may hold the GIL while another waits for it (Python's default: 5 ms).  The
-#: event loop gives the GIL up at every socket write, and faust's consumer thread then held it for
-#: up to 5 ms: in a profile at 150 pages/s a third of the loop's time went to writes, nearly all of
-#: it waiting to get the GIL back.
-SWITCH_INTERVAL = 0.0005
+# Not applied: a 50 ms consumer fetch wait (faust hard-codes 1.5 s) and a 0.5 ms GIL switch
+# interval (the code is commit a6f157d).  With the recovery's seek window held (hold_flow below)
+# they no longer lost a record, but they measured no gain: p99 at half rate, at 60 pages/s and at
+# 150 pages/s beside two busy loops were the same with and without them (bench/README.md,
+# "Measured again on a quieter machine").
 
 
 class _Active:
@@ -143,7 +125,6 @@ def _active_only(fetch: Any) -> Any:
 
 
 _thread = cast(Any, faust_aiokafka.AIOKafkaConsumerThread)
-_thread._create_worker_consumer = _bounded_fetch_wait(_thread._create_worker_consumer)
 _thread._fetch_records = _active_only(_thread._fetch_records)
 
 
@@ -179,7 +160,6 @@ class Worker:
 
     def __post_init__(self) -> None:
         s = self.settings
-        sys.setswitchinterval(SWITCH_INTERVAL)
         self.bands = band_scheme(s)
         self.plan = (
             ShardPlan(table_design(s), s.partitions) if self.bands is None else BandPlan(self.bands, s.partitions)
