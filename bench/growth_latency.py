@@ -86,25 +86,6 @@ WORDS = np.array(
 )
 
 
-class WindowPaced(Paced):
-    """``Paced`` whose end waits only for the sends not acked yet.  Its gather over all ~88,000 send
-    futures at the window's end scheduled their callbacks on the script's loop at once (the script
-    at 66 % of a core in that second), and the verdicts read meanwhile were stamped late: the
-    window's last second was 0.8-1.05 s in every run before (bench/README.md)."""
-
-    async def run(self, rate: float, seconds: float, stop: asyncio.Event | None = None) -> None:
-        total, pending, t0 = int(rate * seconds), [], time.monotonic()
-        for i in range(total):
-            while time.monotonic() - t0 < i / rate:
-                await asyncio.sleep(0.015)
-            if stop is not None and stop.is_set():
-                break
-            pending.append(await self.send())
-            if len(pending) >= 1024:  # (acked ones dropped as it goes)
-                pending = [f for f in pending if not f.done()]
-        await asyncio.gather(*pending)
-
-
 def next_big_merge(runs: list[int], big: int, add: int = 8, limit: int = 1 << 22) -> int | None:
     """Entries added (``add`` at a time, as a live worker adds them) until a merge of at least
     ``big`` entries starts, by BlockIndex's rule (a run is merged into the one before it while it
@@ -218,8 +199,8 @@ async def one_run(kafka, args, records: list[dict], rate: float, number: int) ->
     fill = synthetic_pages(int(args.fill_rate * args.seconds) + 1, number)
     producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap, max_request_size=2 * MAX_RECORD)
     timed, filler = (
-        WindowPaced(producer, topics.pages, records, "lat"),
-        WindowPaced(producer, topics.pages, fill, "fill"),
+        Paced(producer, topics.pages, records, "lat"),
+        Paced(producer, topics.pages, fill, "fill"),
     )
     warmup = 10 * args.partitions  # not counted: the first transaction on a partition starts its producer
     await producer.start()
