@@ -178,6 +178,18 @@ def _held_worker(tmp_path, monkeypatch) -> tuple[Worker, _HeldWrites]:
     return w, held
 
 
+def _two_shards(w: Worker, monkeypatch, pages: tuple[int, int], offsets: tuple[int, int]) -> ShardStore:
+    """Partitions 0 and 1 assigned to ``w``, ``pages[s]`` pages stored in shard s (partition 1's
+    numbered after partition 0's) and its changelog covered to ``offsets[s]``."""
+    asyncio.run(assign(w, monkeypatch, {0, 1}))
+    store = w.store
+    _store(store.shard(0), 0, pages[0])
+    _store(store.shard(1), pages[0], pages[1])
+    store.covered(0, offsets[0])
+    store.covered(1, offsets[1])
+    return store
+
+
 def _never(condition, what: str, seconds: float) -> None:
     """Fail with ``what`` as soon as ``condition`` holds within ``seconds`` (a chance for a
     violation to show: no timing is asserted)."""
@@ -190,12 +202,7 @@ def _never(condition, what: str, seconds: float) -> None:
 def test_the_background_snapshots_of_two_partitions_are_written_one_at_a_time(tmp_path, monkeypatch):
     w, held = _held_worker(tmp_path, monkeypatch)
     try:
-        asyncio.run(assign(w, monkeypatch, {0, 1}))
-        store = w.store
-        _store(store.shard(0), 0, 1000)
-        _store(store.shard(1), 1000, 500)
-        store.covered(0, 4)
-        store.covered(1, 6)
+        store = _two_shards(w, monkeypatch, (1000, 500), (4, 6))
         assert store.snapshot(0, background=True) and store.snapshot(1, background=True)
         _until(lambda: held.started, "the first write never started")
         # Room for a second writer to start while the first is held (it would within
@@ -255,12 +262,7 @@ def test_a_revocation_snapshot_supersedes_its_partitions_queued_write_and_does_n
     w, held = _held_worker(tmp_path, monkeypatch)
     monkeypatch.setattr(Shard, "save", lambda self, path, meta=None: held(path, self.snapshot_arrays(), meta))
     try:
-        asyncio.run(assign(w, monkeypatch, {0, 1}))
-        store = w.store
-        _store(store.shard(0), 0, 500)
-        _store(store.shard(1), 500, 500)
-        store.covered(0, 4)
-        store.covered(1, 5)
+        store = _two_shards(w, monkeypatch, (500, 500), (4, 5))
         assert store.snapshot(0, background=True)  # under way, held
         _until(lambda: held.started, "the first write never started")
         assert store.snapshot(1, background=True)  # queued behind it

@@ -512,7 +512,7 @@ def test_a_record_handed_out_while_recovery_seeks_reaches_its_agent_after_the_qu
         consumer.resume_partitions({tp})
         handed = [m async for _, m in consumer.getmany(timeout=0)]  # a fetch returns during the seek
         put = asyncio.ensure_future(queue.put(handed[0]))  # faust delivers it to the probes agent
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # (one turn: the put runs until it blocks, or queues and ends)
         queued_during_seek = queue.qsize()
         app.flow_control.resume()  # recovery, after its seek: clears every agent's queue
         await asyncio.wait_for(put, 5)

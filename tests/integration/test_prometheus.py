@@ -234,10 +234,8 @@ def test_each_alert_fires_when_its_failure_is_provoked(kafka, tmp_path):
         produce(kafka, topics.pages, good)
         wait_for_verdicts(kafka, topics, len(good))
         # every page's latency split into its phases: each phase once a page, and they add up
-        deadline = time.monotonic() + 30
-        while (sums := phase_sums(scrape(worker.web_port)))["latency"][0] < len(good):
-            assert time.monotonic() < deadline, f"latency observed for {sums['latency'][0]} of {len(good)} pages"
-            time.sleep(0.2)
+        prom.wait(lambda: phase_sums(scrape(worker.web_port))["latency"][0] >= len(good), 30, "every latency observed")
+        sums = phase_sums(scrape(worker.web_port))
         assert {p: sums[p][0] for p in PHASES} == dict.fromkeys(PHASES, len(good))
         assert all(total >= 0 for _, total in sums.values())
         assert sum(sums[p][1] for p in PHASES) == pytest.approx(sums["latency"][1], abs=0.05)
