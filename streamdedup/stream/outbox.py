@@ -45,6 +45,7 @@ from streamdedup.pipeline.offsets import PartitionOffsets
 from streamdedup.pipeline.pending import Pending, Waiting
 from streamdedup.pipeline.routing import Topics, outputs
 from streamdedup.settings import Settings
+from streamdedup.stream.connection import committed_offsets
 
 __all__ = ["Outbox"]
 
@@ -448,23 +449,7 @@ class Outbox:
     async def read_committed(self, partitions: list[int]) -> dict[int, int]:
         """The committed offset of each pages partition (its beginning when it has none), read
         with clients of their own: the fallback when faust's consumer could not say at assignment."""
-        tps = [TopicPartition(self.settings.pages_topic, p) for p in partitions]
-        admin = AIOKafkaAdminClient(**self.settings.aiokafka_kwargs())
-        await admin.start()
-        try:
-            committed = await admin.list_consumer_group_offsets(self.settings.app_id, partitions=tps)
-        finally:
-            await admin.close()
-        out = {tp.partition: meta.offset for tp, meta in committed.items() if meta is not None and meta.offset >= 0}
-        if missing := [tp for tp in tps if tp.partition not in out]:
-            consumer = AIOKafkaConsumer(**self.settings.aiokafka_kwargs(), group_id=None, enable_auto_commit=False)
-            await consumer.start()
-            try:
-                for tp, offset in (await consumer.beginning_offsets(missing)).items():
-                    out[tp.partition] = offset
-            finally:
-                await consumer.stop()
-        return out
+        return await committed_offsets(self.settings, self.settings.pages_topic, partitions)
 
     def describe(self) -> str:
         return ", ".join(f"{p}: {'busy' if lock.locked() else 'idle'}" for p, lock in sorted(self._locks.items()))
