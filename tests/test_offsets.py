@@ -106,3 +106,14 @@ def test_a_committed_offset_beyond_the_delivered_ones_moves_the_hole_check_on():
     t.deliver(5)
     t.commit(5)  # (another path committed up to 5: offsets below it are not missing)
     assert t.hole() is None and t.missing(0, 5) == []
+
+
+def test_reading_goes_on_after_the_highest_offset_delivered_or_from_the_committed_one():
+    o = PartitionOffsets()
+    assert o.after_delivered is None  # the committed offset not read yet
+    o.start(10)
+    assert o.after_delivered == 10  # nothing delivered: from the committed offset
+    o.deliver(12)
+    assert o.after_delivered == 13  # past a hole (10, 11): the hole is read, not sought
+    o.deliver(10)
+    assert o.after_delivered == 13

@@ -58,6 +58,12 @@ class PartitionOffsets:
     def known(self) -> bool:
         return self.committed is not None
 
+    @property
+    def after_delivered(self) -> int | None:
+        """The offset after the highest one delivered, or the committed offset if none was:
+        where reading goes on (None until the committed offset is known)."""
+        return None if self.committed is None else max(self.committed, self.top + 1)
+
     def deliver(self, offset: int) -> Delivery:
         """Note a record delivered by the consumer (or read again by the worker)."""
         if (self.committed is not None and offset < self.committed) or offset in self.delivered:

@@ -589,9 +589,10 @@ class Worker:
         sought = []
         for p in quiet:
             o = self.outbox.offsets.get(p)
-            if generation != self._generation or o is None or o.committed is None or p not in self.outbox.owned:
+            if generation != self._generation or o is None or p not in self.outbox.owned:
                 continue
-            first = max(o.committed, o.top + 1)
+            if (first := o.after_delivered) is None:
+                continue
             if ends.get(p, 0) > first:
                 log.warning(
                     "pages partition %d: no record delivered for %.0fs while offsets %d..%d wait; seeking it again",
@@ -829,7 +830,7 @@ class Worker:
             # the first offset not delivered; also for a partition that delivered nothing yet (its
             # records fetched before the pause were dropped too, and no later one shows a hole)
             o = self.outbox.offsets.get(tp.partition)
-            first = max(o.committed, o.top + 1) if o is not None and o.committed is not None else None
+            first = None if o is None else o.after_delivered
             if (first := self._seen.get(tp.partition, first)) is not None:
                 try:
                     await self._seek(tp, first)
