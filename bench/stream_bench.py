@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -382,18 +383,17 @@ def shard_rows(w: WorkerProcess) -> int:
     return 0
 
 
-PHASE = re.compile(
-    r'^streamdedup_page_phase_seconds_(bucket|sum|count)\{(?:le="([^"]+)",)?phase="(\w+)"(?:,le="([^"]+)")?\} (\S+)$',
-    re.M,
-)
-
-
 def phase_histograms(w: WorkerProcess) -> dict[str, dict[str, float]]:
     """The worker's streamdedup_page_phase_seconds: phase -> {"sum", "count", le: cumulative count}."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{w.web_port}/metrics", timeout=5).read().decode()
     out: dict[str, dict[str, float]] = {}
-    for kind, le1, phase, le2, value in PHASE.findall(text):
-        out.setdefault(phase, {})[le1 or le2 or kind] = float(value)
+    for family in text_string_to_metric_families(text):
+        if family.name == "streamdedup_page_phase_seconds":
+            for sample in family.samples:
+                kind = sample.name.rsplit("_", 1)[1]  # bucket, sum or count
+                out.setdefault(sample.labels["phase"], {})[sample.labels["le"] if kind == "bucket" else kind] = (
+                    sample.value
+                )
     return out
 
 
