@@ -76,6 +76,24 @@ def read_bound(groups: list, queries: np.ndarray, qbatch: int) -> dict:
     }
 
 
+def query_rate(groups: list, queries: np.ndarray, qbatch: int, threads: int) -> tuple[float, int]:
+    """Queries a second over all groups, ``qbatch`` at a time, and the matches found; with
+    ``threads`` > 1 the groups of a batch are searched at once (the block kernel releases the GIL)."""
+    found = 0
+    pool = ThreadPoolExecutor(threads) if threads > 1 else None
+    t = time.perf_counter()
+    for s in range(0, len(queries), qbatch):
+        batch_q = queries[s : s + qbatch]
+        if pool is None:
+            found += sum(len(g.search(batch_q).query) for g in groups)
+        else:
+            found += sum(len(m.query) for m in pool.map(lambda g: g.search(batch_q), groups))  # noqa: B023
+    rate = len(queries) / (time.perf_counter() - t)
+    if pool is not None:
+        pool.shutdown()
+    return rate, found
+
+
 def queries_for(fps: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
     """Half stored pages with 1..3 random bits flipped (thirds), half random, shuffled."""
     near = fps[rng.integers(0, len(fps), size=count // 2)]
@@ -89,7 +107,14 @@ def queries_for(fps: np.ndarray, count: int, rng: np.random.Generator) -> np.nda
 
 
 def one_run(
-    design: str, pages: int, batch: int, qbatch: int, probe_every: int, background: bool, seed: int, threads: int = 1
+    design: str,
+    pages: int,
+    batch: int,
+    qbatch: int,
+    probe_every: int,
+    background: bool,
+    seed: int,
+    threads: tuple[int, ...] = (1,),
 ) -> dict:
     rng = np.random.default_rng(seed)
     fps = rng.integers(0, 2**64 - 1, size=pages, dtype=np.uint64, endpoint=True)
@@ -119,18 +144,8 @@ def one_run(
     nbytes = sum(g.nbytes for g in groups)
 
     queries = queries_for(fps, 100 * qbatch, rng)
-    found = 0
-    pool = ThreadPoolExecutor(threads) if threads > 1 else None
-    t = time.perf_counter()
-    for s in range(0, len(queries), qbatch):
-        batch_q = queries[s : s + qbatch]
-        if pool is None:
-            found += sum(len(g.search(batch_q).query) for g in groups)
-        else:  # the 4 groups searched at once (the block kernel releases the GIL)
-            found += sum(len(m.query) for m in pool.map(lambda g: g.search(batch_q), groups))  # noqa: B023
-    query_s = time.perf_counter() - t
-    if pool is not None:
-        pool.shutdown()
+    rates = {n: query_rate(groups, queries, qbatch, n) for n in threads}
+    found = rates[threads[0]][1]
     bound = read_bound(groups, queries, qbatch) if design == "block" else {}
     return {
         "design": design,
@@ -140,8 +155,9 @@ def one_run(
         "bytes_per_page": nbytes / pages,
         "insert_pages_per_s": pages / add_s,
         "settle_s": settle_s,
-        "query_per_s": len(queries) / query_s,
-        "query_threads": threads,
+        "query_per_s": rates[threads[0]][0],
+        "query_threads": threads[0],
+        "query_per_s_by_threads": {n: round(rate, 1) for n, (rate, _) in rates.items()},
         "matches_per_query": found / len(queries),
         **bound,
         "worst_add_ms": worst_add * 1e3,
@@ -162,7 +178,13 @@ def main() -> None:
     p.add_argument("--design", default="both", choices=["block", "hamming16", "both"])
     p.add_argument("--inline", action="store_true", help="BlockIndex merges on the caller's thread")
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1, help="threads searching the 4 groups of a query batch")
+    p.add_argument(
+        "--threads",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="threads searching the 4 groups of a query batch; several (e.g. 1 2) are measured in turn on the same index",
+    )
     args = p.parse_args()
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, numpy {np.__version__}")
     warm_up()
@@ -171,7 +193,7 @@ def main() -> None:
     for r in range(args.runs):
         for design in designs:  # interleaved, so a change in the machine's load hits both
             res = one_run(
-                design, args.pages, args.batch, args.query_batch, args.probe_every, not args.inline, r, args.threads
+                design, args.pages, args.batch, args.query_batch, args.probe_every, not args.inline, r, tuple(args.threads)
             )
             print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in res.items()}), flush=True)
             results[design].append(res)
