@@ -42,6 +42,13 @@ class GrowingArray:
         """The rows appended so far (a view: valid until the next extend)."""
         return self._buf[: self.n]
 
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """The rows at ``rows`` (indices in 0..n-1), a fresh array (as :meth:`FileArray.take`)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) and (int(rows.min()) < 0 or int(rows.max()) >= self.n):
+            raise IndexError(f"rows outside the column's 0..{self.n - 1}")
+        return self._buf[rows]
+
     def truncate(self, n: int) -> None:
         """Drop the rows from ``n`` on (undo an append)."""
         self.n = min(self.n, n)

@@ -66,16 +66,21 @@ _CHUNK = 1 << 22
 log = logging.getLogger(__name__)
 
 
+_BLOCK_KERNELS: list[ModuleType | None] = []  # the kernel module, once imported (or None)
+
+
 def _kernel_module(compiled: bool | None) -> ModuleType | None:
     """The block kernels, or None for the numpy path (``compiled``: None = numba when available)."""
     if compiled is False:
         return None
     module = None
     if kernels.compiled() is not None:  # numba imports here and the numpy path is not forced
-        try:
-            module = importlib.import_module("streamdedup.index.block_kernels")
-        except ImportError:
-            module = None
+        if not _BLOCK_KERNELS:  # (imported once: a small shard step asks ~5 times a group)
+            try:
+                _BLOCK_KERNELS.append(importlib.import_module("streamdedup.index.block_kernels"))
+            except ImportError:
+                _BLOCK_KERNELS.append(None)
+        module = _BLOCK_KERNELS[0]
     if compiled and module is None:
         raise RuntimeError("the compiled block kernels need numba (pip install numba)")
     return module

@@ -18,6 +18,7 @@ until the next append; rows of a fixed ``row_shape``), so a store can hold eithe
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import threading
@@ -179,6 +180,11 @@ class WritesAhead:
             os.ftruncate(fd, end)
 
 
+#: Rows past a column's memory map that :meth:`FileArray.take` reads one ``pread`` each; more,
+#: and it maps the file anew.
+_FEW_ROWS = 32
+
+
 class FileArray:
     """Values of one dtype appended to the file ``path`` (created empty, truncated)."""
 
@@ -194,7 +200,7 @@ class FileArray:
 
     @property
     def row_bytes(self) -> int:
-        return self.dtype.itemsize * int(np.prod(self.row_shape, dtype=np.int64))
+        return self.dtype.itemsize * math.prod(self.row_shape)
 
     @classmethod
     def open(
@@ -273,7 +279,8 @@ class FileArray:
             self.drop_ahead()  # (a write out of their order)
             self._write(self._fd, values, self.n * self.row_bytes)
         self.n += len(values)
-        self._map = None
+        # (the memory map is kept: an append never rewrites the bytes it maps, so it stays a
+        # valid view of the rows before; view() maps the file anew, take() only when it must)
 
     def wait_ahead(self, values: np.ndarray) -> None:
         """Wait for the write ahead of ``values`` if it is the next one, and raise its error
@@ -300,6 +307,31 @@ class FileArray:
                 else np.empty((0, *self.row_shape), self.dtype)
             )
         return self._map
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """The values at ``rows`` (indices in 0..n-1, any order), a fresh array.  Rows the last
+        memory map covers are read from it, the few appended since with ``pread``: a shard step
+        reads a handful of rows after every append, and mapping the file anew each time (an
+        ``open``, an ``mmap`` and a ``munmap``) cost more than the step's searches."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if not len(rows):
+            return np.empty((0, *self.row_shape), self.dtype)
+        if int(rows.min()) < 0 or int(rows.max()) >= self.n:
+            raise IndexError(f"rows outside the column's 0..{self.n - 1}")
+        mapped = self._map
+        covered = 0 if mapped is None else len(mapped)
+        beyond = np.flatnonzero(rows >= covered)
+        if mapped is None or len(beyond) > _FEW_ROWS:
+            return self.view()[rows]
+        out = np.empty((len(rows), *self.row_shape), self.dtype)
+        if len(beyond) < len(rows):
+            out[...] = mapped[np.minimum(rows, covered - 1)]  # (the rows beyond: overwritten below)
+        assert self._fd is not None, "the column is closed"
+        size = self.row_bytes
+        for i in beyond.tolist():
+            raw = os.pread(self._fd, size, int(rows[i]) * size)
+            out[i] = np.frombuffer(raw, self.dtype).reshape(self.row_shape)
+        return out
 
     def checksum(self) -> int:
         """xxh64 of the length and of the first and last 64 KiB: enough to tell the file from

@@ -185,8 +185,12 @@ class StringHeap:
     def __getitem__(self, i: int) -> str:
         if not 0 <= i < self._n:
             raise IndexError(i)
-        ends = self.ends()
-        start, end = (int(ends[i - 1]) if i else 0), int(ends[i])
+        if self._file_ends is None:
+            ends = self._mem_ends
+            start, end = (int(ends[i - 1]) if i else 0), int(ends[i])
+        else:  # (take: no new memory map of the ends after every append)
+            both = self._file_ends.take(np.array([i - 1, i]) if i else np.array([i]))
+            start, end = (int(both[0]) if i else 0), int(both[-1])
         raw = self._data[start:end] if self._fd is None else os.pread(self._fd, end - start, start)
         return raw.decode("utf-8", "surrogatepass")
 

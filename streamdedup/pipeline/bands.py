@@ -178,8 +178,8 @@ class BandStore:
         out.stored[sel[found.new]] = True
         hit = np.flatnonzero(found.rank >= 0)
         p, r = sel[hit], found.row[hit]
-        out.distance[p], out.fingerprint[p] = found.rank[hit], self.table.fps.view()[r]
-        out.id_hash[p] = self.table.id_hash.view()[r]
+        out.distance[p], out.fingerprint[p] = found.rank[hit], self.table.fps.take(r)
+        out.id_hash[p] = self.table.id_hash.take(r)
         for i, stored in zip(p.tolist(), r.tolist()):
             out.ids[i] = self.texts[2 * stored] or self.texts[2 * stored + 1]
             out.urls[i] = self.texts[2 * stored + 1]

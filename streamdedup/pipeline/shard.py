@@ -651,13 +651,13 @@ class _GroupStore:
         q, row, dist = found.query, found.row, found.distance
         rfp = _matched_fps(self.index, found)
         if cutoff is not None:
-            live = self.fetched.view()[row] >= cutoff
+            live = self.fetched.take(row) >= cutoff
             q, row, dist, rfp = q[live], row[live], dist[live], rfp[live]
         # Where each probe stands in this group's order: after every stored page, unless its id
         # and fingerprint are stored already (a replay or an unchanged re-fetch), then at its first
         # store (the smallest such row: rows are numbered in store order).
         pos = np.full(n, start, dtype=np.int64)
-        same = (dist == 0) & (self.id_hash.view()[row] == id_hash[q])
+        same = (dist == 0) & (self.id_hash.take(row) == id_hash[q])
         np.minimum.at(pos, q[same], row[same])
         new = np.zeros(n, dtype=bool)
         if insert:
@@ -666,7 +666,7 @@ class _GroupStore:
             again = pos[first] == start
             if self.renew:  # a re-crawl stored anew (judged where it stands), so it outlives the old copy
                 newest = np.full(n, _NEVER, dtype=np.int64)
-                np.maximum.at(newest, q[same], self.fetched.view()[row[same]])
+                np.maximum.at(newest, q[same], self.fetched.take(row[same]))
                 held = np.flatnonzero(newest[first] > _NEVER)  # (no subtraction from _NEVER: it would wrap)
                 again[held] |= np.asarray(fetched)[first[held]] - newest[first[held]] >= self.renew
             if cutoff is not None:  # a page already older than the cutoff is judged, not stored
@@ -693,11 +693,11 @@ class _GroupStore:
                 rfp = np.concatenate((rfp, fps[new_idx][inner.row]))
                 self.index.add_many(range(start, start + len(new_idx)), fps[new_idx])
         out.stored[sel[new]] = True
-        row_fp, row_hash = rfp, self.id_hash.view()[row]
+        row_fp, row_hash = rfp, self.id_hash.take(row)
         # the rule: stored before the probe's position, another id, and this is the pair's canonical group
         keep = (row < pos[q]) & (row_hash != id_hash[q])
         if cutoff is not None:  # (the batch's own new pages too)
-            keep &= self.fetched.view()[row] >= cutoff
+            keep &= self.fetched.take(row) >= cutoff
         # (a table key may be cut short, so a hit need not agree on all of this group's bits)
         x = fps[q] ^ row_fp
         keep &= (x & self.mask) == 0
@@ -709,7 +709,7 @@ class _GroupStore:
         best = np.flatnonzero(np.r_[True, q[1:] != q[:-1]]) if len(q) else q
         p, r = sel[q[best]], row[best]
         out.distance[p], out.fingerprint[p] = dist[best], row_fp[best]
-        out.fetched[p], out.id_hash[p] = self.fetched.view()[r], self.id_hash.view()[r]
+        out.fetched[p], out.id_hash[p] = self.fetched.take(r), self.id_hash.take(r)
         for i, stored in zip(p.tolist(), r.tolist()):
             out.ids[i] = self.texts[2 * stored] or self.texts[2 * stored + 1]
             out.urls[i] = self.texts[2 * stored + 1]
@@ -800,9 +800,23 @@ def _read_snapshot(path: os.PathLike[str] | str) -> tuple[dict[str, np.ndarray],
         raise ValueError(f"cannot read the shard snapshot {path}: {e}") from None
 
 
+#: Probes of a group up to which :func:`_first_occurrence` pairs them in a dict, not with numpy.
+_FEW_PROBES = 64
+
+
 def _first_occurrence(id_hash: np.ndarray, fps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The batch position of the first probe with each (id hash, fingerprint), and for every
     probe the index of its pair in that list."""
+    if len(fps) <= _FEW_PROBES:  # a dict: np.unique over rows costs ~70 us however few they are
+        seen: dict[tuple[int, int], int] = {}
+        firsts: list[int] = []
+        inverse = np.empty(len(fps), dtype=np.int64)
+        for i, pair in enumerate(zip(id_hash.tolist(), fps.tolist())):
+            at = seen.setdefault(pair, len(firsts))
+            if at == len(firsts):
+                firsts.append(i)
+            inverse[i] = at
+        return np.array(firsts, dtype=np.int64), inverse
     pairs = np.stack((id_hash, fps), axis=1)
     _, first, inverse = np.unique(pairs, axis=0, return_index=True, return_inverse=True)
     return first, inverse.ravel()
