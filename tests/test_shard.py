@@ -509,3 +509,23 @@ def test_a_snapshot_of_the_format_before_the_row_files_still_loads(tmp_path):
     loaded, got_meta = Shard.load(tmp_path / "old.shard", plan, str(tmp_path / "s"))
     assert got_meta == {"offset": 3}
     assert answer_all(loaded, plan, fps[200:], fetched[200:], id_hash[200:], ids[200:]) == expected
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), max_size=150))
+def test_first_occurrences_are_the_same_for_few_probes_and_many(pairs):
+    """A step of few probes pairs first occurrences in a dict, a big one with numpy: both give
+    every probe the batch position of the first probe with its (id hash, fingerprint)."""
+    from streamdedup.pipeline import shard as shard_module
+
+    id_hash = np.array([a for a, _ in pairs], dtype=np.uint64)
+    fps = np.array([b for _, b in pairs], dtype=np.uint64)
+    expected = [pairs.index(p) for p in pairs]
+    for few in (0, 1000):  # the numpy path, then the dict path
+        old = shard_module._FEW_PROBES
+        shard_module._FEW_PROBES = few
+        try:
+            first, inverse = shard_module._first_occurrence(id_hash, fps)
+        finally:
+            shard_module._FEW_PROBES = old
+        assert first[inverse].tolist() == expected
+        assert sorted(first.tolist()) == sorted(set(expected))
