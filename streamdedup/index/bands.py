@@ -449,7 +449,7 @@ class BandTable:
             live = times[row] >= cutoff
             q, row = q[live], row[live]
         pos = np.full(n, start, dtype=np.int64)
-        same = (self.id_hash.view()[row] == id_hash[q]) & (self.fps.view()[row] == fps[q])
+        same = (self.id_hash.take(row) == id_hash[q]) & (self.fps.take(row) == fps[q])
         np.minimum.at(pos, q[same], row[same])
         new = np.zeros(n, dtype=bool)
         if insert:
@@ -490,19 +490,20 @@ class BandTable:
                 q2, i2 = _equal_pairs(tags(keys[new_idx]), tags(keys))
                 q, row = np.concatenate((q, q2)), np.concatenate((row, start + i2))
         # the rule: stored before the probe, another id, and this band is the pair's canonical one
-        keep = (row < pos[q]) & (self.id_hash.view()[row] != id_hash[q])
+        # (take, not view: the columns were appended to; a view would map each file anew)
+        keep = (row < pos[q]) & (self.id_hash.take(row) != id_hash[q])
         if cutoff is not None:  # (the batch's own new pages too)
             assert self.times is not None
-            keep &= self.times.view()[row] >= cutoff
+            keep &= self.times.take(row) >= cutoff
         if self.band:
-            keep &= (self.tags.view()[row] != earlier[q]).all(axis=1)
+            keep &= (self.tags.take(row) != earlier[q]).all(axis=1)
         q, row = q[keep], row[keep]
-        matches = self.scheme.matches(self.sketch.view()[row], np.asarray(sketch)[q])
+        matches = self.scheme.matches(self.sketch.take(row), np.asarray(sketch)[q])
         keep = matches >= self.scheme.min_matches
         if self.scheme.verify == "minhash":
             rank = self.scheme.sketch - matches
         else:  # combined: the simhash filter too, and the nearest simhash is the match
-            rank = hamming_many(self.fps.view()[row], fps[q])
+            rank = hamming_many(self.fps.take(row), fps[q])
             keep &= rank <= self.scheme.k
         q, row, rank = q[keep], row[keep], np.asarray(rank, dtype=np.int64)[keep]
         out = BandMatches(np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64), new)

@@ -46,12 +46,13 @@ _H01 = np.uint64(0x0101010101010101)
 #: each (measured: 1.4x the queries a second at 10M rows, no change at 100M)
 AHEAD = 2
 #: Entries prefetched at the start of that bucket: the CPU's own stream prefetcher takes the
-#: rest of it once the scan reads in order (all of a 1,500-entry bucket at 100 M rows flooded
-#: the miss queues: 0.82x the queries a second of 64)
+#: rest of it once the scan reads in order (prefetching all of a 1,500-entry bucket, at 100 M
+#: entries, gave 0.8x the queries a second of 64: bench/README.md, "The scan kernel")
 PREFETCH = 64
 #: Entries a scan step tests without a branch (a constant, so LLVM unrolls and vectorises it:
-#: 64 at 100 M rows gave 3.1x the queries a second of a step of 8 with a run-time bound; 32
-#: and 128 were 0.83x and 0.78x of 64); a step with a hit is tested again one by one
+#: on one 100 M-entry group, 2.5x the queries a second of the step of 8 with a run-time bound
+#: that came before, 3.1x with the prefetch above; 32 and 128 gave 0.93x and 0.86x of 64); a
+#: step with a hit is tested again one by one
 BLOCK = 64
 
 

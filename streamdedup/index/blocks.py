@@ -66,7 +66,10 @@ _CHUNK = 1 << 22
 log = logging.getLogger(__name__)
 
 
-_BLOCK_KERNELS: list[ModuleType | None] = []  # the kernel module, once imported (or None)
+#: The kernel module once imported, or None when its import failed (not retried: numba is
+#: there or not for the process's life).  Two threads may both append on the first call;
+#: the first entry is used, and both are the same module.
+_BLOCK_KERNELS: list[ModuleType | None] = []
 
 
 def _kernel_module(compiled: bool | None) -> ModuleType | None:
