@@ -743,7 +743,10 @@ class _GroupStore:
     def load(self, rec: Batch) -> None:
         start = len(self.id_hash)
         self._append(rec.fetched, rec.id_hash, lambda: self.texts.extend_raw(rec.strings, lambda: rec.lengths))
-        self.index.add_many(range(start, start + len(rec)), rec.fps)
+        if isinstance(self.index, BlockIndex):  # (a replay: sorted into runs many batches at a time)
+            self.index.add_many(range(start, start + len(rec)), rec.fps, later=True)
+        else:
+            self.index.add_many(range(start, start + len(rec)), rec.fps)
 
     def rows(self) -> int:
         """Rows numbered so far, expired ones not yet compacted away included."""
