@@ -29,7 +29,7 @@ def small(mask: int, k: int = 3, *, compiled: bool | None = None, background: bo
     """An index whose thresholds are tiny, so a few hundred rows make many runs, directories
     (narrow and exact ones) and background merges."""
     idx = BlockIndex(mask, k, compiled=compiled, background=background)
-    idx.SMALL_RUN, idx.DIRECTORY_MIN, idx.BACKGROUND_MIN, idx.PER_BUCKET = 4, 16, 48, 2
+    idx.SMALL_RUN, idx.DIRECTORY_MIN, idx.BACKGROUND_MIN, idx.PER_BUCKET, idx.LATER_MIN = 4, 16, 48, 2, 8
     return idx
 
 
@@ -93,14 +93,19 @@ def scenario(draw):
     cuts = sorted(draw(st.lists(st.integers(0, len(fps)), max_size=12)))
     removes = draw(st.lists(st.integers(0, max(len(fps) - 1, 0)), max_size=40)) if fps else []
     queries = draw(crowded(mask, 40)) + draw(st.lists(st.sampled_from(fps), max_size=10) if fps else st.just([]))
-    return mask, k, fps, cuts, removes, queries
+    later = draw(st.lists(st.booleans(), min_size=len(cuts) + 1, max_size=len(cuts) + 1))
+    return mask, k, fps, cuts, removes, queries, later
 
 
-def build(mask, k, fps, cuts, removes, **kw) -> BlockIndex:
+def build(mask, k, fps, cuts, removes, later=None, **kw) -> BlockIndex:
+    """The index of ``fps`` added in batches cut at ``cuts`` (batch i ``later=later[i]``: sorted
+    into a run with the batches around it, at the latest at the next search)."""
     idx = small(mask, k, **kw)
     bounds = [0, *cuts, len(fps)]
-    for a, b in zip(bounds, bounds[1:]):
-        idx.add_many(range(a, b), np.array(fps[a:b], dtype=np.uint64))
+    for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        given = np.array(fps[a:b], dtype=np.uint64)
+        idx.add_many(range(a, b), given, later=bool(later and later[i]))
+        given ^= np.uint64(M64)  # (the caller's array changed afterwards: the index kept its own)
         idx.remove_rows([r for r in removes if r < b])  # removes as the rows come (repeats are no-ops)
     return idx
 
@@ -108,12 +113,12 @@ def build(mask, k, fps, cuts, removes, **kw) -> BlockIndex:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(scenario())
 def test_search_is_brute_force_on_every_path(case):
-    mask, k, fps, cuts, removes, queries = case
+    mask, k, fps, cuts, removes, queries, later = case
     alive = [r not in set(removes) for r in range(len(fps))]
     expected = brute(fps, alive, mask, queries, k)
     results = []
-    for compiled, background in PATHS:
-        idx = build(mask, k, fps, cuts, removes, compiled=compiled, background=background)
+    for (compiled, background), sort_later in zip(PATHS * 2, [None] * len(PATHS) + [later] * len(PATHS)):
+        idx = build(mask, k, fps, cuts, removes, sort_later, compiled=compiled, background=background)
         assert len(idx) == sum(alive)
         assert idx.alive_rows().tolist() == alive
         found = idx.search(np.array(queries, dtype=np.uint64))
@@ -129,8 +134,8 @@ def test_search_is_brute_force_on_every_path(case):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(scenario(), st.booleans())
 def test_keep_rows_renumbers_and_answers_the_same(case, compiled):
-    mask, k, fps, cuts, removes, queries = case
-    idx = build(mask, k, fps, cuts, removes, compiled=compiled)
+    mask, k, fps, cuts, removes, queries, later = case
+    idx = build(mask, k, fps, cuts, removes, later, compiled=compiled)
     live = np.flatnonzero(idx.alive_rows())
     before = idx.search(queries)
     idx.keep_rows(live)
@@ -151,8 +156,8 @@ def test_keep_rows_renumbers_and_answers_the_same(case, compiled):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(scenario(), st.booleans())
 def test_state_round_trip_answers_exactly_like_the_original(case, compiled):
-    mask, k, fps, cuts, removes, queries = case
-    idx = build(mask, k, fps, cuts, removes, compiled=compiled)
+    mask, k, fps, cuts, removes, queries, later = case
+    idx = build(mask, k, fps, cuts, removes, later, compiled=compiled)
     state = idx.state()
     loaded = BlockIndex.from_state(state, compiled=compiled)
     for name, a in loaded.state().items():  # the arrays taken over as they were
@@ -330,6 +335,47 @@ def test_merges_make_exact_size_arrays_and_the_budget_holds():
     before = idx.nbytes
     idx.keep_rows(np.flatnonzero(idx.alive_rows()))
     assert idx.nbytes < 0.6 * before
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_entries_added_later_wait_unsorted_within_their_bound_and_every_read_sees_them(compiled):
+    mask = 0xFFFF << 16
+    fps, queries = planted(6000, mask, seed=5)
+    idx, ref = BlockIndex(mask, compiled=compiled), BlockIndex(mask, compiled=compiled, background=False)
+    idx.LATER_MIN = 1000
+    for s in range(0, 700, 70):  # below LATER_MIN: no run yet, but numbered, alive and counted
+        idx.add_many(range(s, s + 70), fps[s : s + 70], later=True)
+        ref.add_many(range(s, s + 70), fps[s : s + 70])
+    assert idx.runs == 0 and len(idx) == idx.rows == 700 and idx.alive_rows().all()
+    assert idx.nbytes >= 8 * 700
+    idx.remove_rows([3, 650])  # (a row still waiting)
+    ref.remove_rows([3, 650])
+    assert same(idx.search(queries), ref.search(queries))  # a search sorts them first: one run
+    assert idx.runs == 1
+    for s in range(700, 1900, 100):  # 1200 more: sorted once they are as many as the runs hold (700)
+        idx.add_many(range(s, s + 100), fps[s : s + 100], later=True)
+        ref.add_many(range(s, s + 100), fps[s : s + 100])
+        assert sum(len(b) for b in idx._later) < max(idx.LATER_MIN, sum(len(r) for r in idx._runs))
+    assert idx.runs == 1 and idx._later  # 1000 sorted at 1700 (and merged: 4 x 1000 >= 700), 200 waiting
+    idx.add_many(range(1900, 2000), fps[1900:2000])  # a batch not later: sorted now, with those waiting
+    ref.add_many(range(1900, 2000), fps[1900:2000])
+    assert not idx._later
+    # every read of the runs sorts the waiting entries first
+    idx.add_many(range(2000, 2500), fps[2000:2500], later=True)
+    assert np.array_equal(idx.fingerprints(), fps[:2500]) and not idx._later
+    for read in (idx.state, idx.prepare, idx.wait):
+        idx.add_many(range(idx.rows, idx.rows + 50), fps[idx.rows : idx.rows + 50], later=True)
+        read()
+        assert not idx._later
+    ref.add_many(range(2000, idx.rows), fps[2000 : idx.rows])
+    n = idx.rows
+    idx.add_many(range(n, n + 500), fps[n : n + 500], later=True)
+    ref.add_many(range(n, n + 500), fps[n : n + 500])
+    live = np.flatnonzero(ref.alive_rows())
+    for x in (idx, ref):
+        x.keep_rows(live)
+    assert same(idx.search(queries), ref.search(queries))
+    assert as_tuples(idx.search(queries)) == brute_np(fps[live], np.ones(len(live), bool), mask, queries, 3)
 
 
 def test_bad_arguments_are_refused():

@@ -24,7 +24,10 @@ by a linear merge into arrays of the exact size.  A merge that writes at least
 at a lower priority than the caller (``MERGE_NICENESS``), while searches and inserts use the
 old runs and newer ones; the merged run replaces its two inputs at the next call once it is
 done (:meth:`BlockIndex.wait` joins it).  ``remove_rows`` only clears alive bits;
-``keep_rows`` compacts.
+``keep_rows`` compacts.  A changelog replay adds its batches ``later=True``: they wait unsorted
+(8 bytes an entry, less than a run's 12) and become one run when they are as many as the runs
+hold (at least ``LATER_MIN``) or at the next search, snapshot or :meth:`BlockIndex.prepare`: one
+sort and a merge or two instead of a run and its merges per batch.
 
 A search finds each query's bucket in every run: through the run's directory (a bucket that
 holds several keys is scanned with a key check), or by binary search in a small run; then it
@@ -180,6 +183,10 @@ class BlockIndex:
     DIRECTORY_MIN = 1 << 12
     #: Entries per directory bucket at least (so a directory costs <= 4/PER_BUCKET bytes an entry).
     PER_BUCKET = 8
+    #: Entries added ``later=True`` wait unsorted until they are at least this many and at least as
+    #: many as the runs hold (so their sort holds less than the merge that follows it: inputs and
+    #: output), or until the next read of the runs.
+    LATER_MIN = 1 << 18
 
     def __init__(self, mask: int, k: int = 3, *, background: bool = True, compiled: bool | None = None) -> None:
         mask = int(mask)
@@ -200,6 +207,8 @@ class BlockIndex:
         self._n = 0  # rows numbered so far
         self._dead = 0
         self._pending: _Merge | None = None
+        self._later: list[np.ndarray] = []  # fingerprints added later=True, not in a run yet (in row order)
+        self._later_n = 0
 
     # ---------------------------------------------------------------- size
     def __len__(self) -> int:
@@ -215,17 +224,26 @@ class BlockIndex:
         """Bytes held: the runs (fingerprints, rows, directories), the alive bits, and the output
         of a merge under way."""
         pending = 0 if self._pending is None else self._pending.nbytes
-        return sum(run.nbytes for run in self._runs) + self._alive.nbytes + pending
+        later = 8 * self._later_n
+        return sum(run.nbytes for run in self._runs) + self._alive.nbytes + pending + later
 
     @property
     def runs(self) -> int:
-        """How many sorted runs a search visits."""
+        """How many sorted runs a search visits (entries added ``later`` are sorted into one first)."""
         return len(self._runs)
 
     # -------------------------------------------------------------- writes
-    def add_many(self, rows: range | np.ndarray | Iterable[int], fingerprints: Iterable[int] | np.ndarray) -> None:
+    def add_many(
+        self, rows: range | np.ndarray | Iterable[int], fingerprints: Iterable[int] | np.ndarray, *, later: bool = False
+    ) -> None:
         """Store fingerprints under ``rows``, which must be the next row numbers in order
-        (``range(idx.rows, idx.rows + len(fingerprints))``)."""
+        (``range(idx.rows, idx.rows + len(fingerprints))``).
+
+        ``later``: sort them into a run later, with the entries added ``later`` before and after
+        them (a changelog replay: many batches, no search between them), when those are as many
+        as the runs hold (at least ``LATER_MIN``) or at the next search, :meth:`state`,
+        :meth:`wait` or :meth:`prepare`.  They are stored all the same: numbered, alive,
+        found by the next search."""
         self._poll()
         fps = np.ascontiguousarray(_as_fps(fingerprints))
         m = len(fps)
@@ -244,12 +262,24 @@ class BlockIndex:
             raise ValueError(f"a BlockIndex holds at most {_MAX_ROWS} rows; keep_rows to renumber")
         self._reserve(self._n + m)
         _set_bits(self._alive, self._n, self._n + m)
+        if later and (fps is fingerprints or fps.base is not None):
+            fps = fps.copy()  # (kept: not the caller's array, nor a view of one)
+        self._later.append(fps)
+        self._later_n += m
+        self._n += m
+        if not later or self._later_n >= max(self.LATER_MIN, sum(len(run) for run in self._runs)):
+            self._sort_later()
+
+    def _sort_later(self) -> None:
+        """The entries waiting to be sorted (the last rows, in order) as one run, then merges."""
+        if not self._later:
+            return
+        fps = self._later[0] if len(self._later) == 1 else np.concatenate(self._later)
+        start = self._n - self._later_n
+        self._later, self._later_n = [], 0
         # stable: rows ascend within a key (and a radix sort on 16-bit keys: 4x faster than on 64)
         order = np.argsort(self._keys(fps).astype(np.uint16 if self._width <= 16 else np.uint32), kind="stable")
-        self._runs.append(
-            self._run(fps[order], (order + self._n).astype(np.uint32), None, build_directory=self._fast())
-        )
-        self._n += m
+        self._runs.append(self._run(fps[order], (order + start).astype(np.uint32), None, build_directory=self._fast()))
         self._merge_due()
 
     def remove_rows(self, rows: np.ndarray | Iterable[int]) -> int:
@@ -310,6 +340,7 @@ class BlockIndex:
         """Every alive stored row within ``k`` bits (default: the index's k) of a query that
         agrees with it on the key bits, sorted by (query, distance, row), with its fingerprint."""
         self._poll()
+        self._sort_later()
         k = self.k if k is None else int(k)
         if not 0 <= k <= 64:
             raise ValueError(f"k must be in 0..64, got {k}")
@@ -345,7 +376,9 @@ class BlockIndex:
                 self._runs[i] = self._run(run.fps, run.rows, None, build_directory=fast)
 
     def wait(self) -> None:
-        """Join the background merge (and any merge its result makes due) and swap it in."""
+        """Sort the entries added ``later`` into a run, join the background merge (and any merge
+        its result makes due) and swap it in."""
+        self._sort_later()
         while self._pending is not None:
             self._pending.thread.join()
             self._poll()
@@ -353,7 +386,8 @@ class BlockIndex:
     # ------------------------------------------------------------ snapshots
     def state(self) -> dict[str, np.ndarray]:
         """The index as arrays, the runs as they are in memory (a merge under way is left out:
-        its inputs are saved, and they answer the same)."""
+        its inputs are saved, and they answer the same; entries added ``later`` are sorted first)."""
+        self._sort_later()
         out: dict[str, np.ndarray] = {
             "mask": np.array(self.mask, dtype=_U64),
             "k": np.array(self.k, dtype=np.int64),

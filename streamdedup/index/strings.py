@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 
 import numpy as np
@@ -131,12 +132,14 @@ class StringHeap:
         if self._file_ends is not None:
             self._file_ends.drop_ahead()
 
-    def extend_raw(self, blob: Blob, lengths: np.ndarray) -> None:
+    def extend_raw(self, blob: Blob, lengths: np.ndarray | Callable[[], np.ndarray]) -> None:
         """Append strings given as one UTF-8 blob and their byte lengths (no decoding).  A failed
         write (a full disk) raises and leaves the heap as it was.  ``blob`` may have been written
-        ahead (:meth:`write_ahead`); other writes ahead are dropped."""
+        ahead (:meth:`write_ahead`); other writes ahead are dropped.  ``lengths`` may be a function
+        that gives them, called only if they are needed (not for a blob written ahead: its ends
+        are known)."""
         if self._fd is None:
-            ends = self._size + np.cumsum(lengths, dtype=np.int64)
+            ends = self._size + np.cumsum(_given(lengths), dtype=np.int64)
             if self._n + len(ends) > len(self._mem_ends):
                 self._mem_ends = np.resize(self._mem_ends, max(self._n + len(ends), 2 * len(self._mem_ends)))
             self._data += blob
@@ -151,7 +154,7 @@ class StringHeap:
             if written:
                 ends = self._ends_ahead.popleft()
             else:
-                ends = self._size + np.cumsum(lengths, dtype=np.int64)
+                ends = self._size + np.cumsum(_given(lengths), dtype=np.int64)
                 if len(ends):
                     self.drop_ahead()  # (a write out of their order: they are written again)
                     pwrite_all(self._fd, blob, self._size)
@@ -262,6 +265,10 @@ class StringHeap:
             os.close(self._fd)
             self._fd = None
             self._data = bytearray()
+
+
+def _given(lengths: np.ndarray | Callable[[], np.ndarray]) -> np.ndarray:
+    return lengths() if callable(lengths) else lengths
 
 
 def texts_state(texts: StringHeap) -> dict[str, np.ndarray]:

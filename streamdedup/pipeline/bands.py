@@ -193,7 +193,7 @@ class BandStore:
         """Store changelog rows as they are (recovery: no probing)."""
         key, earlier, sketch = self._split(rec.extra)
         texts = len(self.texts)
-        self.texts.extend_raw(rec.strings, rec.lengths)
+        self.texts.extend_raw(rec.strings, lambda: rec.lengths)
         try:
             self.table.add(key, rec.fps, rec.id_hash, sketch, earlier, rec.fetched)
         except BaseException:  # (all or nothing: a full disk)

@@ -445,8 +445,8 @@ class Shard:
         Raises :class:`~streamdedup.errors.PlanError` for rows of another plan (their extra
         bytes or groups do not fit this one's), before storing any; and the error of a string
         write ahead that failed, before storing any."""
-        self._check_plan(inserts)
         groups = inserts.by_group() if groups is None else groups
+        self._check_plan(inserts, groups)
         try:  # (the writes ahead, all done before any group changes)
             if filled is not None:
                 filled.result()
@@ -475,7 +475,7 @@ class Shard:
         kernel release the GIL): a replay decodes its next batch meanwhile.  Nothing is stored
         until that restore, which is given what this returns (the fill's job: the groups'
         strings are read only once it is done).  PlanError as for :meth:`restore`."""
-        self._check_plan(inserts)
+        self._check_plan(inserts, groups)
         filled = None if fill is None else call_ahead(fill)
         for g, rows in groups:
             store = self._groups.get(g)
@@ -488,13 +488,14 @@ class Shard:
                     file.write_ahead(values)
         return filled
 
-    def _check_plan(self, inserts: Batch) -> None:
+    def _check_plan(self, inserts: Batch, groups: list[tuple[int, Batch]]) -> None:
+        """PlanError for rows of another plan (``groups``: their ``by_group()``, groups ascending)."""
         width = 0 if inserts.extra is None else inserts.extra.shape[1]
-        groups = inserts.group
-        if width != self.plan.extra_bytes or (len(groups) and int(groups.max()) >= self.plan.n_groups):
+        top = groups[-1][0] if groups else 0
+        if width != self.plan.extra_bytes or top >= self.plan.n_groups:
             raise PlanError(
                 f"shard rows of another plan ({width} extra bytes a row, groups up to "
-                f"{int(groups.max()) if len(groups) else 0}); this worker's plan has {self.plan.extra_bytes} "
+                f"{top}); this worker's plan has {self.plan.extra_bytes} "
                 f"extra bytes a row and {self.plan.n_groups} groups: another --algorithm, --threshold, "
                 "--num-perm or combined --k wrote them"
             )
@@ -741,8 +742,11 @@ class _GroupStore:
 
     def load(self, rec: Batch) -> None:
         start = len(self.id_hash)
-        self._append(rec.fetched, rec.id_hash, lambda: self.texts.extend_raw(rec.strings, rec.lengths))
-        self.index.add_many(range(start, start + len(rec)), rec.fps)
+        self._append(rec.fetched, rec.id_hash, lambda: self.texts.extend_raw(rec.strings, lambda: rec.lengths))
+        if isinstance(self.index, BlockIndex):  # (a replay: sorted into runs many batches at a time)
+            self.index.add_many(range(start, start + len(rec)), rec.fps, later=True)
+        else:
+            self.index.add_many(range(start, start + len(rec)), rec.fps)
 
     def rows(self) -> int:
         """Rows numbered so far, expired ones not yet compacted away included."""

@@ -290,7 +290,7 @@ def decode(values: Sequence[bytes], kind: int | None = None) -> Batch:
 
     ``kind``: the kind every value must have (None: any, taken from the first).
     """
-    rows, strings, extras = [], [], []
+    rows, strings, extras, ns = [], [], [], []  # (ns: each batch's row count)
     width: int | None = None
     for value in values:
         if value[:4] == _MAGIC_V1:
@@ -314,7 +314,7 @@ def decode(values: Sequence[bytes], kind: int | None = None) -> Batch:
         width = w
         if len(value) < at + n * (ROW.itemsize + w):
             raise ValueError(f"a batch of {n} rows is cut short ({len(value)} bytes)")
-        r = np.frombuffer(value, dtype=ROW, count=n, offset=at) if n else np.zeros(0, dtype=ROW)
+        r = np.frombuffer(value, dtype=np.uint8, count=n * ROW.itemsize, offset=at)  # (ROW once joined)
         at += n * ROW.itemsize
         if w:
             extras.append(np.frombuffer(value, dtype=np.uint8, count=n * w, offset=at).reshape(n, w))
@@ -323,12 +323,16 @@ def decode(values: Sequence[bytes], kind: int | None = None) -> Batch:
         if not n and len(body):
             raise ValueError("a batch's string lengths do not add up")
         rows.append(r)
+        ns.append(n)
         strings.append(body)
     if not rows:
         return Batch(np.zeros(0, dtype=ROW), b"", kind or 0)
-    joined = np.concatenate(rows) if len(rows) > 1 else rows[0].copy()
+    # joined as bytes: a concatenation of structured arrays promotes their dtype pair by pair, in
+    # Python (most of a replay's decode)
+    counts = np.array(ns, dtype=np.int64)
+    joined = np.empty(int(counts.sum()), dtype=ROW)
+    np.concatenate(rows, out=joined.view(np.uint8))
     # each batch's strings against its rows' lengths, all batches at once (not a sum a batch)
-    counts = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
     held = counts > 0
     if held.any():
         per_row = joined["id_len"].astype(np.int64) + joined["url_len"]

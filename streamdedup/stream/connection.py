@@ -11,10 +11,11 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, SupportsIndex
 
 import faust
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
@@ -126,14 +127,76 @@ BULK_RECV_BYTES = 4 * 2**20
 
 
 class _BulkReadLoop(asyncio.SelectorEventLoop):
-    """The bulk reader thread's event loop: its sockets read up to BULK_RECV_BYTES at a time."""
+    """The bulk reader thread's event loop: its sockets read up to BULK_RECV_BYTES at a time, into
+    a :class:`_FrameReader`."""
 
     def _make_socket_transport(
         self, sock: Any, protocol: Any, waiter: Any = None, *, extra: Any = None, server: Any = None
     ) -> Any:
         transport = super()._make_socket_transport(sock, protocol, waiter, extra=extra, server=server)  # type: ignore[misc]
         transport.max_size = BULK_RECV_BYTES  # (asyncio's class attribute, per transport)
+        reader = getattr(protocol, "_stream_reader", None)  # (aiokafka's connection: a StreamReaderProtocol)
+        if type(reader) is asyncio.StreamReader:
+            _FrameReader.take_over(reader)
         return transport
+
+
+class _FrameReader(asyncio.StreamReader):
+    """The stream of a bulk reader's connection: aiokafka's own StreamReader, its class swapped
+    (aiokafka reads a connection only by ``readexactly``: a frame's size, then the frame).  What
+    the socket gives is kept as those bytes objects, and a frame is joined from them once, where
+    asyncio appends them to a bytearray and copies the frame out of it (two copies of every byte,
+    with the GIL held, into a buffer grown to the response's size).  Nor is the socket paused
+    after every read (asyncio pauses it past twice the 64 KiB limit aiokafka gives): the bulk
+    consumer has one fetch in flight a connection, so what is held is bounded by a response."""
+
+    _parts: deque[bytes]
+    _held: int  # bytes in _parts, less the _skip taken from the first
+    _skip: int
+
+    @classmethod
+    def take_over(cls, reader: asyncio.StreamReader) -> None:
+        held = bytes(reader._buffer)  # type: ignore[attr-defined]
+        reader._buffer.clear()  # type: ignore[attr-defined]
+        reader.__class__ = cls
+        assert isinstance(reader, cls)
+        reader._parts, reader._held, reader._skip = deque([held] if held else []), len(held), 0
+
+    def feed_data(self, data: Iterable[SupportsIndex]) -> None:
+        assert not self._eof, "feed_data after feed_eof"  # type: ignore[attr-defined]
+        chunk = data if type(data) is bytes else bytes(data)
+        if chunk:
+            self._parts.append(chunk)
+            self._held += len(chunk)
+            self._wakeup_waiter()  # type: ignore[attr-defined]
+
+    def at_eof(self) -> bool:
+        return self._eof and not self._held  # type: ignore[attr-defined]
+
+    async def readexactly(self, n: int) -> bytes:
+        if n < 0:
+            raise ValueError("readexactly size can not be less than zero")
+        if self._exception is not None:  # type: ignore[attr-defined]
+            raise self._exception  # type: ignore[attr-defined]
+        while self._held < n:
+            if self._eof:  # type: ignore[attr-defined]
+                raise asyncio.IncompleteReadError(self._take(self._held), n)
+            await self._wait_for_data("readexactly")  # type: ignore[attr-defined]
+        return self._take(n)
+
+    def _take(self, n: int) -> bytes:
+        parts, out, need = self._parts, [], n
+        while need:
+            part, skip = parts[0], self._skip
+            if len(part) - skip <= need:
+                out.append(memoryview(part)[skip:] if skip else part)
+                parts.popleft()
+                self._skip, need = 0, need - (len(part) - skip)
+            else:
+                out.append(memoryview(part)[skip : skip + need])
+                self._skip, need = skip + need, 0
+        self._held -= n
+        return out[0] if len(out) == 1 and type(out[0]) is bytes else b"".join(out)
 
 
 async def read_ranges(
