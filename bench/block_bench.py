@@ -193,7 +193,14 @@ def main() -> None:
     for r in range(args.runs):
         for design in designs:  # interleaved, so a change in the machine's load hits both
             res = one_run(
-                design, args.pages, args.batch, args.query_batch, args.probe_every, not args.inline, r, tuple(args.threads)
+                design,
+                args.pages,
+                args.batch,
+                args.query_batch,
+                args.probe_every,
+                not args.inline,
+                r,
+                tuple(args.threads),
             )
             print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in res.items()}), flush=True)
             results[design].append(res)
