@@ -122,7 +122,8 @@ BULK_PARTITION_FETCH_BYTES = 8 * 2**20
 BULK_READ_AHEAD = 1
 #: Bytes the bulk reader's sockets ask for at a time.  asyncio's default (256 KiB) reads a 16 MiB
 #: fetch response in hundreds of turns of the reader's event loop, each taking the GIL back from
-#: the restore and pausing and resuming the socket (aiokafka's stream buffer limit is 64 KiB).
+#: the restore (with asyncio's own StreamReader each also paused and resumed the socket, past
+#: aiokafka's 64 KiB buffer limit; the bulk reader's :class:`_FrameReader` never pauses it).
 BULK_RECV_BYTES = 4 * 2**20
 
 
