@@ -511,21 +511,23 @@ def test_a_snapshot_of_the_format_before_the_row_files_still_loads(tmp_path):
     assert answer_all(loaded, plan, fps[200:], fetched[200:], id_hash[200:], ids[200:]) == expected
 
 
-@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), max_size=150))
-def test_first_occurrences_are_the_same_for_few_probes_and_many(pairs):
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 2)), max_size=150))
+def test_first_occurrences_are_the_same_for_few_rows_and_many(rows):
     """A step of few probes pairs first occurrences in a dict, a big one with numpy: both give
-    every probe the batch position of the first probe with its (id hash, fingerprint)."""
-    from streamdedup.pipeline import shard as shard_module
+    every row the position of the first row with its values (the shard's (id hash, fingerprint)
+    pairs, the band table's (id hash, simhash, key) triples)."""
+    from streamdedup.index import arrays
 
-    id_hash = np.array([a for a, _ in pairs], dtype=np.uint64)
-    fps = np.array([b for _, b in pairs], dtype=np.uint64)
-    expected = [pairs.index(p) for p in pairs]
-    for few in (0, 1000):  # the numpy path, then the dict path
-        old = shard_module._FEW_PROBES
-        shard_module._FEW_PROBES = few
-        try:
-            first, inverse = shard_module._first_occurrence(id_hash, fps)
-        finally:
-            shard_module._FEW_PROBES = old
-        assert first[inverse].tolist() == expected
-        assert sorted(first.tolist()) == sorted(set(expected))
+    for width in (2, 3):
+        keys = [r[:width] for r in rows]
+        cols = [np.array([k[c] for k in keys], dtype=np.uint64) for c in range(width)]
+        expected = [keys.index(k) for k in keys]
+        for few in (0, 1000):  # the numpy path, then the dict path
+            old = arrays.FEW_ROWS
+            arrays.FEW_ROWS = few
+            try:
+                first, inverse = arrays.first_occurrences(*cols)
+            finally:
+                arrays.FEW_ROWS = old
+            assert first[inverse].tolist() == expected
+            assert sorted(first.tolist()) == sorted(set(expected))

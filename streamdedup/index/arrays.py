@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["GrowingArray"]
+__all__ = ["GrowingArray", "first_occurrences"]
+
+#: Rows up to which :func:`first_occurrences` pairs them in a dict, not with numpy.
+FEW_ROWS = 64
 
 
 class GrowingArray:
@@ -61,3 +64,28 @@ class GrowingArray:
             self._buf = grown
         self._buf[self.n : need] = rows
         self.n = need
+
+
+def first_occurrences(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For rows given as equal-length integer columns: the position of the first row of each
+    distinct tuple of values, and for every row the index of its tuple in that list (so
+    ``first[inverse]`` is each row's first occurrence).  A few rows (a shard step at a low rate)
+    go through a dict: ``np.unique`` over rows costs ~70 us however few they are.
+
+    >>> first, inverse = first_occurrences(np.array([5, 7, 5]), np.array([1, 2, 1]))
+    >>> first[inverse].tolist()
+    [0, 1, 0]
+    """
+    n = len(columns[0])
+    if n <= FEW_ROWS:
+        seen: dict[tuple[int, ...], int] = {}
+        firsts: list[int] = []
+        inverse = np.empty(n, dtype=np.int64)
+        for i, key in enumerate(zip(*(c.tolist() for c in columns))):
+            at = seen.setdefault(key, len(firsts))
+            if at == len(firsts):
+                firsts.append(i)
+            inverse[i] = at
+        return np.array(firsts, dtype=np.int64), inverse
+    _, first, inverse = np.unique(np.stack(columns, axis=1), axis=0, return_index=True, return_inverse=True)
+    return first, inverse.ravel()

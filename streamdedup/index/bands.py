@@ -48,7 +48,7 @@ import numpy as np
 from streamdedup.fingerprinting.features import mix64
 from streamdedup.fingerprinting.simhash import hamming_many
 from streamdedup.index import columns
-from streamdedup.index.arrays import GrowingArray
+from streamdedup.index.arrays import GrowingArray, first_occurrences
 from streamdedup.index.columns import Column, column_from_state, column_state, keep, new_column
 from streamdedup.index.lsh import _Run, s_curve
 
@@ -464,9 +464,7 @@ class BandTable:
             if cutoff is not None:  # a page already older than the cutoff is judged, not stored
                 again &= np.asarray(fetched, dtype=np.int64) >= cutoff
             # the first probe of each (id hash, simhash, key) not stored yet is stored, in order
-            triples = np.stack((id_hash, fps, keys), axis=1)
-            _, first, inverse = np.unique(triples, axis=0, return_index=True, return_inverse=True)
-            inverse = inverse.ravel()
+            first, inverse = first_occurrences(id_hash, fps, keys)
             new[first[again[first]]] = True
             new_idx = np.flatnonzero(new)
             if len(new_idx):

@@ -61,7 +61,7 @@ from streamdedup.engine.order import group_masks
 from streamdedup.errors import PlanError
 from streamdedup.fingerprinting.features import mix64
 from streamdedup.index import columns
-from streamdedup.index.arrays import GrowingArray
+from streamdedup.index.arrays import GrowingArray, first_occurrences
 from streamdedup.index.blocks import BlockIndex
 from streamdedup.index.columns import Column, column_from_state, column_state, keep, new_column
 from streamdedup.index.file_array import FileArray, call_ahead
@@ -663,7 +663,7 @@ class _GroupStore:
         new = np.zeros(n, dtype=bool)
         if insert:
             # the new pages, once each (a page repeated in the batch stands where its first copy is)
-            first, inverse = _first_occurrence(id_hash, fps)
+            first, inverse = first_occurrences(id_hash, fps)
             again = pos[first] == start
             if self.renew:  # a re-crawl stored anew (judged where it stands), so it outlives the old copy
                 newest = np.full(n, _NEVER, dtype=np.int64)
@@ -802,28 +802,6 @@ def _read_snapshot(path: os.PathLike[str] | str) -> tuple[dict[str, np.ndarray],
         return arrays, json.loads(str(arrays.pop("meta")))
     except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as e:
         raise ValueError(f"cannot read the shard snapshot {path}: {e}") from None
-
-
-#: Probes of a group up to which :func:`_first_occurrence` pairs them in a dict, not with numpy.
-_FEW_PROBES = 64
-
-
-def _first_occurrence(id_hash: np.ndarray, fps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The batch position of the first probe with each (id hash, fingerprint), and for every
-    probe the index of its pair in that list."""
-    if len(fps) <= _FEW_PROBES:  # a dict: np.unique over rows costs ~70 us however few they are
-        seen: dict[tuple[int, int], int] = {}
-        firsts: list[int] = []
-        inverse = np.empty(len(fps), dtype=np.int64)
-        for i, pair in enumerate(zip(id_hash.tolist(), fps.tolist())):
-            at = seen.setdefault(pair, len(firsts))
-            if at == len(firsts):
-                firsts.append(i)
-            inverse[i] = at
-        return np.array(firsts, dtype=np.int64), inverse
-    pairs = np.stack((id_hash, fps), axis=1)
-    _, first, inverse = np.unique(pairs, axis=0, return_index=True, return_inverse=True)
-    return first, inverse.ravel()
 
 
 _NEVER = np.iinfo(np.int64).min  # a cutoff that expires nothing
