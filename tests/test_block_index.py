@@ -328,7 +328,7 @@ def test_merges_make_exact_size_arrays_and_the_budget_holds():
     idx.prepare()
     for i in range(idx.runs):
         run = idx._runs[i]
-        assert run.fps.base is None and run.rows.base is None  # their own arrays, of their size
+        assert run.hi.base is None and run.lo.base is None and run.rows.base is None  # their own arrays, of their size
     assert idx.runs <= 8
     assert idx.nbytes / len(idx) <= 14
     idx.remove_rows(np.arange(0, len(fps), 2))
@@ -406,12 +406,21 @@ def good_state() -> dict[str, np.ndarray]:
         idx.add_many(range(s, min(s + 300, 2000)), fps[s : s + 300])
     idx.add_many(range(2000, 2010), fps[:10])
     state = idx.state()
-    assert "dir0" in state and "fps1" in state
+    assert "dir0" in state and "hi1" in state and "lo1" in state
     return state
 
 
+def whole_state(state: dict[str, np.ndarray], mask: int = 0xFFFF) -> dict[str, np.ndarray]:
+    """``state`` in the layout before the halves: each run's whole fingerprints as ``fps<i>``."""
+    idx = BlockIndex(mask)
+    out = {name: a for name, a in state.items() if not name.startswith(("hi", "lo"))}
+    for name in [n for n in state if n.startswith("hi")]:
+        out["fps" + name[2:]] = idx._join(state[name], state["lo" + name[2:]])
+    return out
+
+
 def _unsorted(s):
-    s["fps0"] = s["fps0"][::-1].copy()
+    s["hi0"] = s["hi0"][::-1].copy()
 
 
 def _swapped_rows(s):
@@ -429,13 +438,17 @@ def _bad_dir(s):
         (lambda s: s.pop("mask"), "needs 'mask'"),
         (lambda s: s.update(mask=np.array(0xF0F0, dtype=np.uint64)), "contiguous"),
         (lambda s: s.pop("rows1"), "run 1: rows must be"),
-        (lambda s: s.update(fps1=s["fps1"].astype(np.int64)), "run 1: fps must be"),
-        (lambda s: s.update(fps1=s["fps1"][:-1]), "fingerprints for"),
+        (lambda s: s.update(hi1=s["hi1"].astype(np.int64)), "run 1: hi must be"),
+        (lambda s: s.update(lo1=s["lo1"].astype(np.uint64)), "run 1: lo must be"),
+        (lambda s: s.pop("lo1"), "run 1: lo must be"),
+        (lambda s: s.update(hi1=s["hi1"][:-1]), "halves for"),
+        (lambda s: s.update(lo1=s["lo1"][:-1]), "halves for"),
         (lambda s: s.update(alive=s["alive"][:-1]), "alive must be"),
         (lambda s: s.update(n_rows=np.array(2011)), "alive must be|entries for"),
         (lambda s: s.update(n_rows=np.array(2016)), "entries for"),
-        (lambda s: s.update(fps7=s["fps1"]), "must be fps0"),
-        (lambda s: s.update(extra=s["fps1"]), "unknown arrays"),
+        (lambda s: s.update(hi7=s["hi1"]), "must be hi0"),
+        (lambda s: s.update(extra=s["hi1"]), "unknown arrays"),
+        (lambda s: s.update(fps0=whole_state(s)["fps0"]), "unknown arrays"),  # both layouts at once
         (_unsorted, "not sorted"),
         (_swapped_rows, "not sorted"),
         (_bad_dir, "directory does not match"),
@@ -451,6 +464,47 @@ def test_a_malformed_state_is_refused(damage, message):
     damage(state)
     with pytest.raises(ValueError, match=message):
         BlockIndex.from_state(state)
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda s: s.update(fps1=s["fps1"].astype(np.int64)), "run 1: fps must be"),
+        (lambda s: s.update(fps1=s["fps1"][:-1]), "halves for"),
+        (lambda s: s.update(fps7=s["fps1"]), "must be fps0"),
+        (lambda s: s.update(fps0=s["fps0"][::-1].copy()), "not sorted"),
+    ],
+)
+def test_a_malformed_state_of_whole_fingerprints_is_refused(damage, message):
+    state = whole_state(good_state())
+    BlockIndex.from_state(dict(state))
+    damage(state)
+    with pytest.raises(ValueError, match=message):
+        BlockIndex.from_state(state)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("mask", [0xFFFF, 0xFFFF << 16, 0xFFFF << 48, 0xFF << 20, 0xFFFFFFFF << 8, 0xFFFFFFFF << 32])
+def test_a_state_of_whole_fingerprints_answers_like_the_halves(mask, compiled):
+    """Snapshots written before the halves (runs of whole 64-bit fingerprints) still load, cut
+    into halves: the same runs, the same answers, the same fingerprints back."""
+    fps, queries = planted(5000, mask, seed=mask % 997)
+    idx = BlockIndex(mask, background=False, compiled=compiled)
+    idx.DIRECTORY_MIN = 512
+    for s in range(0, 5000, 700):
+        idx.add_many(range(s, min(s + 700, 5000)), fps[s : s + 700])
+    idx.remove_rows(np.arange(0, 5000, 7))
+    state = idx.state()
+    whole = whole_state(state, mask)
+    assert not any(name.startswith(("hi", "lo")) for name in whole)
+    loaded = BlockIndex.from_state(whole, compiled=compiled)
+    for name, a in loaded.state().items():
+        assert np.array_equal(a, state[name]), name
+    assert same(loaded.search(queries), idx.search(queries))
+    assert np.array_equal(loaded.fingerprints(), fps)
+    alive = np.ones(5000, bool)
+    alive[::7] = False
+    assert as_tuples(loaded.search(queries)) == brute_np(fps, alive, mask, queries, 3)
 
 
 def test_hamming_index_matches_leave_the_fingerprint_none():

@@ -6,16 +6,21 @@ once per block (a *group*), so the group's store only has to find the neighbours
 its block: one table keyed by the block, and a scan of the query's bucket (XOR + popcount over
 every stored fingerprint with the same key) finds them exactly, for any ``k``.
 
-Layout::
+Layout (a fingerprint is rotated right until its key is its top bits, then cut in halves)::
 
-    run:    fps  uint64[n]  the fingerprints, sorted by key (then row: rows ascend within a key)
+    run:    hi   uint32[n]  the rotated fingerprints' high halves: the key, then 32 - w other bits
+            lo   uint32[n]  their low halves (the other 32 bits)
+                            both sorted by key (then row: rows ascend within a key)
             rows uint32[n]  their rows (numbered by the caller in insert order)
             dir  uint32[2**d + 1]  where each bucket ``key >> (w - d)`` starts (big runs only)
     alive:  one bit per row (packed, little-endian bit order)
 
 12 bytes per entry, one bit of alive mask per row, and a directory of at most ``4 / PER_BUCKET``
 bytes per entry (a 16-bit key caps it at 256 KiB a run): no column by row, since a match
-reports the fingerprint it found (``Matches.fingerprint``).
+reports the fingerprint it found (``Matches.fingerprint``).  The halves are two arrays so that a
+scan reads only ``lo``: 4 bytes an entry, and 16 of them to a vector of popcounts; the few
+entries within ``k`` there are tested on ``hi`` (3.2 x the queries a second of a scan of whole
+64-bit fingerprints on one 100 M-entry group: bench/README.md, "Half-width scans").
 
 Inserts are log-structured, as in :mod:`streamdedup.index.hamming`: a batch becomes a small
 sorted run and a run is merged into the one before it while it is at least a quarter of its size,
@@ -31,7 +36,7 @@ sort and a merge or two instead of a run and its merges per batch.
 
 A search finds each query's bucket in every run: through the run's directory (a bucket that
 holds several keys is scanned with a key check), or by binary search in a small run; then it
-scans the bucket eight fingerprints at a time, with the next buckets prefetched.
+scans the bucket's low halves 64 at a time, with the next buckets prefetched.
 
 >>> idx = BlockIndex(0xFFFF_0000, k=3)
 >>> idx.add_many(range(3), [0x1_0000, 0x1_0007, 0x2_0000])
@@ -108,21 +113,25 @@ def warm_up() -> bool:
 
 
 class _Run:
-    """One sorted run: ``fps`` sorted by key (rows ascending within a key), ``rows`` parallel,
-    and for a big run a directory of bucket starts (``dir_shift``: key bits below the bucket)."""
+    """One sorted run: the fingerprints' halves ``hi`` and ``lo`` sorted by key (rows ascending
+    within a key), ``rows`` parallel, and for a big run a directory of bucket starts
+    (``dir_shift``: key bits below the bucket)."""
 
-    __slots__ = ("dir_shift", "directory", "fps", "rows")
+    __slots__ = ("dir_shift", "directory", "hi", "lo", "rows")
 
-    def __init__(self, fps: np.ndarray, rows: np.ndarray, directory: np.ndarray | None, dir_shift: int) -> None:
-        self.fps, self.rows = fps, rows
+    def __init__(
+        self, hi: np.ndarray, lo: np.ndarray, rows: np.ndarray, directory: np.ndarray | None, dir_shift: int
+    ) -> None:
+        self.hi, self.lo, self.rows = hi, lo, rows
         self.directory, self.dir_shift = directory, dir_shift
 
     def __len__(self) -> int:
-        return len(self.fps)
+        return len(self.hi)
 
     @property
     def nbytes(self) -> int:
-        return self.fps.nbytes + self.rows.nbytes + (0 if self.directory is None else self.directory.nbytes)
+        directory = 0 if self.directory is None else self.directory.nbytes
+        return self.hi.nbytes + self.lo.nbytes + self.rows.nbytes + directory
 
 
 #: Background merges run one at a time in the process: a shard's groups grow in step (every page
@@ -200,8 +209,9 @@ class BlockIndex:
             raise ValueError(f"k must be in 0..64, got {k}")
         self.mask, self.k = mask, int(k)
         self.background, self.compiled = background, compiled
-        self._shift, self._width = _U64(shift), width
-        self._kmask = _U64((1 << width) - 1)
+        self._width = width
+        self._rot = (shift + width) % 64  # a right rotation by this puts the key at the top
+        self._kshift = 32 - width  # the key of a high half: hi >> _kshift
         self._runs: list[_Run] = []
         self._alive = np.zeros(128, dtype=np.uint8)  # one bit per row
         self._n = 0  # rows numbered so far
@@ -277,9 +287,12 @@ class BlockIndex:
         fps = self._later[0] if len(self._later) == 1 else np.concatenate(self._later)
         start = self._n - self._later_n
         self._later, self._later_n = [], 0
+        hi, lo = self._split(fps)
+        del fps
         # stable: rows ascend within a key (and a radix sort on 16-bit keys: 4x faster than on 64)
-        order = np.argsort(self._keys(fps).astype(np.uint16 if self._width <= 16 else np.uint32), kind="stable")
-        self._runs.append(self._run(fps[order], (order + start).astype(np.uint32), None, build_directory=self._fast()))
+        order = np.argsort(self._keys(hi).astype(np.uint16 if self._width <= 16 else np.uint32), kind="stable")
+        rows = (order + start).astype(np.uint32)
+        self._runs.append(self._run(hi[order], lo[order], rows, None, build_directory=self._fast()))
         self._merge_due()
 
     def remove_rows(self, rows: np.ndarray | Iterable[int]) -> int:
@@ -303,7 +316,7 @@ class BlockIndex:
         self.wait()
         out = np.zeros(self._n, dtype=_U64)
         for run in self._runs:
-            out[run.rows] = run.fps
+            out[run.rows] = self._join(run.hi, run.lo)
         return out
 
     def keep_rows(self, rows: np.ndarray | Iterable[int]) -> None:
@@ -319,15 +332,16 @@ class BlockIndex:
         runs = []
         fast = self._fast()
         for run in self._runs:
-            fps_parts, row_parts = [], []
+            hi_parts, lo_parts, row_parts = [], [], []
             for at in range(0, len(run), _CHUNK):
                 renumbered = new_row[run.rows[at : at + _CHUNK]]
                 kept = renumbered != _MAX_ROWS
-                fps_parts.append(run.fps[at : at + _CHUNK][kept])
+                hi_parts.append(run.hi[at : at + _CHUNK][kept])
+                lo_parts.append(run.lo[at : at + _CHUNK][kept])
                 row_parts.append(renumbered[kept])
-            fps = np.concatenate(fps_parts) if fps_parts else np.empty(0, _U64)
-            if len(fps):
-                runs.append(self._run(fps, np.concatenate(row_parts), None, build_directory=fast))
+            if sum(len(part) for part in row_parts):
+                hi, lo, kept_rows = (np.concatenate(parts) for parts in (hi_parts, lo_parts, row_parts))
+                runs.append(self._run(hi, lo, kept_rows, None, build_directory=fast))
         del new_row
         self._runs = runs
         self._n, self._dead = len(rows), 0
@@ -344,22 +358,22 @@ class BlockIndex:
         k = self.k if k is None else int(k)
         if not 0 <= k <= 64:
             raise ValueError(f"k must be in 0..64, got {k}")
-        queries = np.ascontiguousarray(_as_fps(fingerprints))
+        q_hi, q_lo = self._split(np.ascontiguousarray(_as_fps(fingerprints)))
         fast = self._fast()
         qs, rs, ds, fs = [], [], [], []
-        for run in self._runs if len(queries) else []:
+        for run in self._runs if len(q_hi) else []:
             if fast is not None:
                 directory = _NO_DIR if run.directory is None else run.directory
                 q, pos, d = fast.scan_run(
-                    run.fps, run.rows, directory, _U64(run.dir_shift), self._shift, self._kmask,
-                    queries, self._alive, k,
+                    run.lo, run.hi, run.rows, directory, np.int64(run.dir_shift), np.int64(self._kshift),
+                    q_lo, q_hi, self._alive, k,
                 )  # fmt: skip
             else:
-                q, pos, d = self._scan_numpy(run, queries, k)
+                q, pos, d = self._scan_numpy(run, q_hi, q_lo, k)
             qs.append(q)
             ds.append(d)
             rs.append(run.rows[pos].astype(np.int64))
-            fs.append(run.fps[pos])
+            fs.append(self._join(run.hi[pos], run.lo[pos]))
         if not qs:
             empty = np.empty(0, np.int64)
             return Matches(empty, empty, empty, np.empty(0, _U64))
@@ -373,7 +387,7 @@ class BlockIndex:
         fast = self._fast()
         for i, run in enumerate(self._runs):
             if run.directory is None and len(run) >= self.DIRECTORY_MIN:
-                self._runs[i] = self._run(run.fps, run.rows, None, build_directory=fast)
+                self._runs[i] = self._run(run.hi, run.lo, run.rows, None, build_directory=fast)
 
     def wait(self) -> None:
         """Sort the entries added ``later`` into a run, join the background merge (and any merge
@@ -395,7 +409,7 @@ class BlockIndex:
             "alive": self._alive[: -(-self._n // 8)].copy(),  # (a copy: later adds set bits in place)
         }
         for i, run in enumerate(self._runs):
-            out[f"fps{i}"], out[f"rows{i}"] = run.fps, run.rows
+            out[f"hi{i}"], out[f"lo{i}"], out[f"rows{i}"] = run.hi, run.lo, run.rows
             if run.directory is not None:
                 out[f"dir{i}"] = run.directory
         return out
@@ -405,7 +419,8 @@ class BlockIndex:
         cls, state: dict[str, np.ndarray], *, background: bool = True, compiled: bool | None = None
     ) -> BlockIndex:
         """The index :meth:`state` saved, its arrays taken over as they are (checked, not
-        copied or sorted again).  A malformed state raises ValueError."""
+        copied or sorted again).  A state of the layout before the halves (whole fingerprints,
+        ``fps0``...) is cut into halves (a copy).  A malformed state raises ValueError."""
         try:
             mask, k, n = int(state["mask"]), int(state["k"]), int(state["n_rows"])
             alive = state["alive"]
@@ -418,21 +433,27 @@ class BlockIndex:
             raise ValueError(f"a BlockIndex state has n_rows={n}")
         if not isinstance(alive, np.ndarray) or alive.dtype != np.uint8 or alive.shape != (-(-n // 8),):
             raise ValueError(f"a BlockIndex state's alive must be uint8[{-(-n // 8)}] (one bit a row)")
-        names = sorted((name for name in state if name.startswith("fps")), key=lambda s: int(s[3:]))
-        if [name[3:] for name in names] != [str(i) for i in range(len(names))]:
-            raise ValueError(f"a BlockIndex state's runs must be fps0..fps{len(names) - 1}, got {names}")
-        unknown = (
-            set(state)
-            - {"mask", "k", "n_rows", "alive"}
-            - {f"{p}{i}" for p in ("fps", "rows", "dir") for i in range(len(names))}
-        )
+        whole = any(name.startswith("fps") for name in state)  # the layout before the halves
+        first = "fps" if whole else "hi"
+        names = sorted(name for name in state if name.startswith(first))
+        if names != sorted(f"{first}{i}" for i in range(len(names))):
+            raise ValueError(f"a BlockIndex state's runs must be {first}0..{first}{len(names) - 1}, got {names}")
+        kinds = ("fps", "rows", "dir") if whole else ("hi", "lo", "rows", "dir")
+        unknown = set(state) - {"mask", "k", "n_rows", "alive"} - {f"{p}{i}" for p in kinds for i in range(len(names))}
         if unknown:
             raise ValueError(f"a BlockIndex state has unknown arrays {sorted(unknown)}")
         total = 0
         for i in range(len(names)):
-            fps, rows, directory = state[f"fps{i}"], state.get(f"rows{i}"), state.get(f"dir{i}")
-            idx._runs.append(idx._checked_run(i, fps, rows, directory, n))
-            total += len(fps)
+            if whole:
+                fps = state[f"fps{i}"]
+                if not isinstance(fps, np.ndarray) or fps.dtype != _U64 or fps.ndim != 1:
+                    raise ValueError(f"a BlockIndex state's run {i}: fps must be a 1-d uint64 array")
+                hi, lo = idx._split(fps)
+            else:
+                hi, lo = state[f"hi{i}"], state.get(f"lo{i}")
+            rows, directory = state.get(f"rows{i}"), state.get(f"dir{i}")
+            idx._runs.append(idx._checked_run(i, hi, lo, rows, directory, n))
+            total += len(hi)
         if total != n:
             raise ValueError(f"a BlockIndex state's runs hold {total} entries for {n} rows")
         idx._n = n
@@ -448,8 +469,21 @@ class BlockIndex:
     def _fast(self) -> ModuleType | None:
         return _kernel_module(self.compiled)
 
-    def _keys(self, fps: np.ndarray) -> np.ndarray:
-        return (fps >> self._shift) & self._kmask
+    def _keys(self, hi: np.ndarray) -> np.ndarray:
+        """The keys of high halves."""
+        return hi >> np.uint32(self._kshift)
+
+    def _split(self, fps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The high and low halves (uint32) of fingerprints rotated right until the key is on top."""
+        rot = self._rot
+        r = fps if not rot else (fps >> _U64(rot)) | (fps << _U64(64 - rot))
+        return (r >> _U64(32)).astype(np.uint32), r.astype(np.uint32)
+
+    def _join(self, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+        """The fingerprints (uint64) of their halves: :meth:`_split` undone."""
+        rot = self._rot
+        r = (hi.astype(_U64) << _U64(32)) | lo
+        return r if not rot else (r << _U64(rot)) | (r >> _U64(64 - rot))
 
     def _directory_bits(self, n: int) -> int:
         """Bucket bits of a run of ``n`` entries: about PER_BUCKET entries a bucket, at most a key
@@ -458,46 +492,48 @@ class BlockIndex:
             return 0
         return min(self._width, max(1, (n // self.PER_BUCKET).bit_length() - 1))
 
-    def _run(self, fps: np.ndarray, rows: np.ndarray, directory: np.ndarray | None, build_directory) -> _Run:
+    def _run(
+        self, hi: np.ndarray, lo: np.ndarray, rows: np.ndarray, directory: np.ndarray | None, build_directory
+    ) -> _Run:
         """A run of sorted arrays, with its directory (built here when it should have one)."""
-        bits = self._directory_bits(len(fps))
+        bits = self._directory_bits(len(hi))
         if not bits:
-            return _Run(fps, rows, None, 0)
+            return _Run(hi, lo, rows, None, 0)
         dir_shift = self._width - bits
         if directory is None:
             if build_directory is not None:
-                directory = build_directory.bucket_offsets(fps, self._shift, self._kmask, _U64(dir_shift), 1 << bits)
+                directory = build_directory.bucket_offsets(hi, np.int64(self._kshift + dir_shift), 1 << bits)
             else:
-                directory = self._bucket_offsets_numpy(fps, dir_shift, 1 << bits)
-        return _Run(fps, rows, directory, dir_shift)
+                directory = self._bucket_offsets_numpy(hi, dir_shift, 1 << bits)
+        return _Run(hi, lo, rows, directory, dir_shift)
 
-    def _bucket_offsets_numpy(self, fps: np.ndarray, dir_shift: int, n_buckets: int) -> np.ndarray:
+    def _bucket_offsets_numpy(self, hi: np.ndarray, dir_shift: int, n_buckets: int) -> np.ndarray:
         counts = np.zeros(n_buckets + 1, dtype=np.int64)
-        for at in range(0, len(fps), _CHUNK):
-            buckets = (self._keys(fps[at : at + _CHUNK]) >> _U64(dir_shift)).astype(np.intp)
+        for at in range(0, len(hi), _CHUNK):
+            buckets = (hi[at : at + _CHUNK] >> np.uint32(self._kshift + dir_shift)).astype(np.intp)
             counts[1:] += np.bincount(buckets, minlength=n_buckets)
         return np.cumsum(counts).astype(np.uint32)
 
-    def _checked_run(self, i: int, fps, rows, directory, n: int) -> _Run:
+    def _checked_run(self, i: int, hi, lo, rows, directory, n: int) -> _Run:
         """Run ``i`` of a state, after checking what a search relies on (types, sizes, order)."""
         where = f"a BlockIndex state's run {i}"
-        for name, a, dtype in (("fps", fps, _U64), ("rows", rows, np.uint32)):
-            if not isinstance(a, np.ndarray) or a.dtype != dtype or a.ndim != 1:
-                raise ValueError(f"{where}: {name} must be a 1-d {np.dtype(dtype).name} array")
-        if len(fps) != len(rows) or not len(fps):
-            raise ValueError(f"{where}: {len(fps)} fingerprints for {len(rows)} rows (and none empty)")
-        fps, rows = np.ascontiguousarray(fps), np.ascontiguousarray(rows)
+        for name, a in (("hi", hi), ("lo", lo), ("rows", rows)):
+            if not isinstance(a, np.ndarray) or a.dtype != np.uint32 or a.ndim != 1:
+                raise ValueError(f"{where}: {name} must be a 1-d uint32 array")
+        if not len(hi) == len(lo) == len(rows) or not len(hi):
+            raise ValueError(f"{where}: {len(hi)} + {len(lo)} halves for {len(rows)} rows (and none empty)")
+        hi, lo, rows = np.ascontiguousarray(hi), np.ascontiguousarray(lo), np.ascontiguousarray(rows)
         last = -1
-        for at in range(0, len(fps), _CHUNK):  # sorted by (key, row), rows in range
+        for at in range(0, len(hi), _CHUNK):  # sorted by (key, row), rows in range
             r = rows[at : at + _CHUNK]
             if int(r.max()) >= n:
                 raise ValueError(f"{where}: a row is >= n_rows={n}")
-            order = (self._keys(fps[at : at + _CHUNK]) << _U64(32)) | r
+            order = (self._keys(hi[at : at + _CHUNK]).astype(_U64) << _U64(32)) | r
             if int(order[0]) <= last or (len(order) > 1 and (order[1:] <= order[:-1]).any()):
                 raise ValueError(f"{where} is not sorted by (key, row)")
             last = int(order[-1])
         if directory is None:
-            return self._run(fps, rows, None, build_directory=self._fast())
+            return self._run(hi, lo, rows, None, build_directory=self._fast())
         # any directory of 2**d buckets (d <= key bits) that matches the keys: the thresholds
         # that chose d when it was built may differ from this index's
         bits = len(directory) - 2 if isinstance(directory, np.ndarray) else -1
@@ -510,17 +546,15 @@ class BlockIndex:
         starts = directory.astype(np.int64)
         bucket = np.arange(1 << bits)
         # each bucket starts where the first key of the bucket is: exact given the sorted keys
-        ok = starts[0] == 0 and starts[-1] == len(fps) and (np.diff(starts) >= 0).all()
+        ok = starts[0] == 0 and starts[-1] == len(hi) and (np.diff(starts) >= 0).all()
         if ok:
-            inner = starts[:-1] < len(fps)
-            ok = bool((self._keys(fps[starts[:-1][inner]]) >> _U64(dir_shift) >= bucket[inner].astype(_U64)).all())
+            inner = starts[:-1] < len(hi)
+            ok = bool((self._keys(hi[starts[:-1][inner]]) >> np.uint32(dir_shift) >= bucket[inner]).all())
             before = starts[:-1] > 0
-            ok = ok and bool(
-                (self._keys(fps[starts[:-1][before] - 1]) >> _U64(dir_shift) < bucket[before].astype(_U64)).all()
-            )
+            ok = ok and bool((self._keys(hi[starts[:-1][before] - 1]) >> np.uint32(dir_shift) < bucket[before]).all())
         if not ok:
             raise ValueError(f"{where}: its directory does not match its keys")
-        return _Run(fps, rows, np.ascontiguousarray(directory), dir_shift)
+        return _Run(hi, lo, rows, np.ascontiguousarray(directory), dir_shift)
 
     def _reserve(self, n: int) -> None:
         need = -(-n // 8)
@@ -529,30 +563,32 @@ class BlockIndex:
             grown[: len(self._alive)] = self._alive
             self._alive = grown
 
-    def _scan_numpy(self, run: _Run, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _scan_numpy(
+        self, run: _Run, q_hi: np.ndarray, q_lo: np.ndarray, k: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The numpy path of ``scan_run``: each query's key range in the run, then its entries'
         distances, in chunks of queries so the candidates stay within a few million."""
-        qkeys = self._keys(queries)
+        qkeys = self._keys(q_hi)
         if run.directory is not None:
-            bucket = (qkeys >> _U64(run.dir_shift)).astype(np.intp)
+            bucket = (qkeys >> np.uint32(run.dir_shift)).astype(np.intp)
             lo, hi = run.directory[bucket].astype(np.int64), run.directory[bucket + 1].astype(np.int64)
         else:
-            keys = self._keys(run.fps)
+            keys = self._keys(run.hi)
             lo = np.searchsorted(keys, qkeys, side="left").astype(np.int64)
             hi = np.searchsorted(keys, qkeys, side="right").astype(np.int64)
         counts = hi - lo
         ends = np.cumsum(counts)
         out_q, out_p, out_d = [], [], []
         first = 0
-        while first < len(queries):
+        while first < len(q_hi):
             base = int(ends[first - 1]) if first else 0
             last = max(first + 1, int(np.searchsorted(ends, base + _CHUNK, side="right")))
             c, total = counts[first:last], int(ends[last - 1]) - base
             which = np.repeat(np.arange(first, last), c)
             pos = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(c) - c - lo[first:last], c)
-            x = run.fps[pos] ^ queries[which]
-            dist = np.bitwise_count(x).astype(np.int64)
-            keep = (dist <= k) & ((x >> self._shift) & self._kmask == 0)
+            x_hi = run.hi[pos] ^ q_hi[which]
+            dist = np.bitwise_count(run.lo[pos] ^ q_lo[which]).astype(np.int64) + np.bitwise_count(x_hi)
+            keep = (dist <= k) & (x_hi >> np.uint32(self._kshift) == 0)
             keep[keep] = _get_bits(self._alive, run.rows[pos[keep]].astype(np.int64))
             out_q.append(which[keep])
             out_p.append(pos[keep])
@@ -588,19 +624,19 @@ class BlockIndex:
     def _merged(self, old: _Run, new: _Run) -> _Run:
         """One run of two adjacent ones (``old``'s rows are the smaller), in exact-size arrays."""
         n, t0 = len(old) + len(new), time.perf_counter()
-        fps, rows = np.empty(n, dtype=_U64), np.empty(n, dtype=np.uint32)
+        hi, lo, rows = (np.empty(n, dtype=np.uint32) for _ in range(3))
         fast = self._fast()
         if fast is not None:
-            fast.merge_runs(old.fps, old.rows, new.fps, new.rows, self._shift, self._kmask, fps, rows)
+            fast.merge_runs(old.hi, old.lo, old.rows, new.hi, new.lo, new.rows, np.int64(self._kshift), hi, lo, rows)
         else:
             # each new entry goes after the old entries with keys <= its key
-            at = np.searchsorted(self._keys(old.fps), self._keys(new.fps), side="right")
+            at = np.searchsorted(self._keys(old.hi), self._keys(new.hi), side="right")
             at += np.arange(len(new), dtype=at.dtype)
             from_old = np.ones(n, dtype=bool)
             from_old[at] = False
-            fps[at], rows[at] = new.fps, new.rows
-            fps[from_old], rows[from_old] = old.fps, old.rows
-        merged = self._run(fps, rows, None, build_directory=fast)
+            hi[at], lo[at], rows[at] = new.hi, new.lo, new.rows
+            hi[from_old], lo[from_old], rows[from_old] = old.hi, old.lo, old.rows
+        merged = self._run(hi, lo, rows, None, build_directory=fast)
         level = logging.INFO if n >= self.LOG_MERGE_MIN else logging.DEBUG
         if log.isEnabledFor(level):  # (the small merges come with nearly every insert)
             log.log(

@@ -827,11 +827,11 @@ def restored_clock_values(rows: Batch) -> np.ndarray:
 
 def _unchanging(store: Store) -> set[str]:
     """The names in ``store.state()`` of arrays that are never written in place afterwards: a
-    BlockIndex's runs (fingerprints, rows, directories), the bulk of a shard's snapshot."""
+    BlockIndex's runs (fingerprints' halves, rows, directories), the bulk of a shard's snapshot."""
     if not isinstance(store, _GroupStore) or not isinstance(store.index, BlockIndex):
         return set()
     runs = store.index.runs
-    return {f"index.{kind}{i}" for kind in ("fps", "rows", "dir") for i in range(runs)}
+    return {f"index.{kind}{i}" for kind in ("hi", "lo", "rows", "dir") for i in range(runs)}
 
 
 def _rows(store: Store) -> int:
