@@ -128,7 +128,7 @@ def scan_run(lo, hi, rows, directory, dir_shift, kshift, q_lo, q_hi, alive, k):
                 break
             end = min(j + BLOCK, end_i)
             for t in range(j, end):
-                d = _xor_popcount(lo[t], ql)
+                d: int = _xor_popcount(lo[t], ql)  # type: ignore[call-arg]  # (intrinsics: numba passes the typing context)
                 if d > kk or (hi[t] ^ qh) >> kshift:  # too far already, or another key
                     continue
                 d = d + _xor_popcount(hi[t], qh)
@@ -163,14 +163,14 @@ def _next_step(lo, j, end, ql, kk):
         least = np.uint32(64)
         step = lo[j : j + BLOCK]
         for t in range(BLOCK):
-            least = min(least, _xor_popcount(step[t], ql))
+            least = min(least, _xor_popcount(step[t], ql))  # type: ignore[call-arg]
         if least <= kk:
             return j
         j += BLOCK
     if j < end:
         least = np.uint32(64)
         for t in range(j, end):
-            least = min(least, _xor_popcount(lo[t], ql))
+            least = min(least, _xor_popcount(lo[t], ql))  # type: ignore[call-arg]
         if least <= kk:
             return j
     return end

@@ -443,6 +443,8 @@ class BlockIndex:
         if unknown:
             raise ValueError(f"a BlockIndex state has unknown arrays {sorted(unknown)}")
         total = 0
+        hi: np.ndarray | None
+        lo: np.ndarray | None
         for i in range(len(names)):
             if whole:
                 fps = state[f"fps{i}"]
