@@ -62,7 +62,8 @@ def read_bound(groups: list, queries: np.ndarray, qbatch: int) -> dict:
 
     # a scan reads a run's low halves only (hi for the few entries within k there)
     runs = [(g, run) for g in groups for run in g._runs if run.directory is not None]
-    read_buckets(runs[0][1].lo, runs[0][1].directory, np.int64(16), runs[0][0]._split(queries[:2])[0])
+    g0, run0 = runs[0]
+    read_buckets(run0.lo, run0.directory, np.int64(g0._kshift + run0.dir_shift), g0._split(queries[:2])[0])
     entries = 0
     t = time.perf_counter()
     for s in range(0, len(queries), qbatch):
