@@ -522,3 +522,53 @@ def test_a_record_handed_out_while_recovery_seeks_reaches_its_agent_after_the_qu
     assert handed == [5]
     assert during == 0  # held, not queued where the clear would drop it
     assert after == 1
+
+
+@pytest.mark.parametrize("processes", [1, 3])
+def test_every_fingerprinting_process_gets_a_batch_of_a_backlog(tmp_path, monkeypatch, processes):
+    """With N fingerprinting processes a backlog keeps N batches in the pool at once (and one more
+    registering): with the fixed 2 batches in flight of before, processes beyond the first two sat
+    idle.  The pool is threads here, so that the test can hold each batch in it and count them."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    gate, lock, inside, most = threading.Event(), threading.Lock(), [0], [0]
+    real = app_module.fingerprint_contents
+
+    def held(*args):
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        gate.wait(10)
+        with lock:
+            inside[0] -= 1
+        return real(*args)
+
+    monkeypatch.setattr(app_module, "fingerprint_pool", lambda n: ThreadPoolExecutor(n))
+    monkeypatch.setattr(app_module, "fingerprint_contents", held)
+    settings = Settings(data_dir=tmp_path, fingerprint_processes=processes, partitions=2, batch_size=10)
+    worker = Worker(settings, registry=CollectorRegistry())
+    worker.probes_topic = Topic()
+    worker.outbox.schedule = lambda partition: None
+    worker.outbox.owned = {0, 1}
+    worker.outbox.assign({0, 1})
+    worker.outbox.start(0, 0)
+
+    async def scenario() -> None:
+        deliver(worker, 0, range(0, 100))  # ten batches
+        await until(lambda: most[0] >= processes, f"{processes} batches in the pool")
+        await asyncio.sleep(0.2)  # (time for one batch too many to get in)
+        assert most[0] == processes
+        assert worker._in_flight == max(2, processes + 1)
+        gate.set()  # (no answers come: the pages wait for them, up to the back-pressure limit)
+        limit = worker._max_waiting
+        assert limit == max(2, processes + 1) * 10
+        judged = lambda: waiting_offsets(worker, 0)  # noqa: E731
+        await until(lambda: len(judged()) >= limit and not worker._in_flight, "the first batches judged")
+        assert judged() == list(range(len(judged())))  # in order
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        gate.set()
+        worker.close()

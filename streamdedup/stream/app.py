@@ -56,7 +56,7 @@ from streamdedup.stream.pool import fingerprint_pool
 from streamdedup.stream.recovery import ShardTables
 from streamdedup.stream.store import SCHEME, BulkReplay, ShardStore
 
-__all__ = ["Worker", "internal_topics", "table_design"]
+__all__ = ["Worker", "batches_in_flight", "internal_topics", "table_design"]
 
 log = logging.getLogger("streamdedup.worker")
 RAW: dict[str, Any] = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
@@ -129,6 +129,17 @@ _thread = cast(Any, faust_aiokafka.AIOKafkaConsumerThread)
 _thread._fetch_records = _active_only(_thread._fetch_records)
 
 
+def batches_in_flight(fingerprint_processes: int) -> int:
+    """Batches of pages the worker judges at once: one in each fingerprinting process and one
+    registering its probes, at least 2 (one fingerprinting, one queued); as many batches of
+    pages may wait for their answers.  With a fixed 2, processes beyond the first sat idle.
+
+    >>> [batches_in_flight(n) for n in (0, 1, 2, 4)]
+    [2, 2, 3, 5]
+    """
+    return max(2, fingerprint_processes + 1)
+
+
 def internal_topics(settings: Settings) -> dict[str, str]:
     a = settings.app_id
     return {"probes": f"{a}-probes", "answers": f"{a}-answers", "changelog": f"{a}-shards-changelog"}
@@ -197,8 +208,9 @@ class Worker:
         self._busy: set[str] = set()
         # pages read but not yet judged, at most: bounds memory and latency, and lets the shard and
         # answers stages run instead of the pages stage reading a whole backlog first
-        self._max_waiting = 2 * s.batch_size
-        self._in_flight = 0  # batches being judged: at most 2 (one fingerprinting, one queued)
+        self._max_in_flight = batches_in_flight(s.fingerprint_processes)
+        self._max_waiting = self._max_in_flight * s.batch_size
+        self._in_flight = 0  # batches being judged: at most _max_in_flight
         self._paused = False
         self._assigned: set = set()
         self._seek_task: asyncio.Future | None = None  # the seek of uncommitted pages partitions (on_assigned)
@@ -783,7 +795,8 @@ class Worker:
 
     def _kick(self, partial: bool = False) -> None:
         """Start judging buffered events: whole batches (``partial``: whatever is buffered), with
-        at most 2 batches in flight and ``2 * batch_size`` pages waiting for answers.  Beyond
+        at most ``batches_in_flight`` batches in flight and as many batches of pages waiting for
+        answers.  Beyond
         that the pages partitions are paused until the backlog halves (bounded memory, and the
         shard and answers stages get the event loop).  Never blocks."""
         size = self.settings.batch_size
@@ -797,14 +810,14 @@ class Worker:
                     holes[p] = -1
             elif (h := o.hole()) is not None:
                 holes[p] = h[0]
-        while self._fillers and self._in_flight < 2:  # whatever is waiting: they hold back the commits
+        while self._fillers and self._in_flight < self._max_in_flight:  # they hold back the commits
             events, self._fillers = _before_holes(self._fillers, size, holes)
             if not events:
                 break
             self._in_flight += 1
             task = asyncio.get_running_loop().create_task(self.drain(events, self._generation))
             task.add_done_callback(self._drained)
-        while self._buffer and self._in_flight < 2 and len(self.pending) < self._max_waiting:
+        while self._buffer and self._in_flight < self._max_in_flight and len(self.pending) < self._max_waiting:
             events, rest = _before_holes(self._buffer, size, holes)
             if not events or not (partial or len(events) >= size):
                 break
