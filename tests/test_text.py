@@ -684,3 +684,85 @@ def test_fuzz_html_soup(html):
         assert e.reason in {"empty", "binary"}
     else:
         assert out == normalize_text(out)  # already normalised: idempotent
+
+
+# Hostile nesting: main content, boilerplate and custom elements inside always-dropped elements
+# (button, svg, select, dialog...), whose subtrees the walk detaches while it still visits their
+# descendants.
+_NEST_TAGS = st.one_of(
+    st.sampled_from("p div section article main header footer nav aside form h1 li ul table td br".split()),
+    st.sampled_from("a b code span ins small label".split()),
+    st.sampled_from("script style template svg math button dialog head title select iframe object".split()),
+    st.sampled_from("x-y cookie-banner site-nav g".split()),
+)
+_NEST_ATTRS = st.sampled_from(
+    ["", ' class="nav"', ' class="sr-only"', ' id="menu"', ' role="main"', ' role="navigation"', " hidden"]
+)
+nested_soup = st.lists(
+    st.one_of(
+        st.builds("<{}{}>".format, _NEST_TAGS, _NEST_ATTRS),
+        _NEST_TAGS.map("</{}>".format),
+        st.sampled_from(["w", "o", " ", "x" * 600, "&amp;"]),
+    ),
+    max_size=80,
+).map("".join)
+
+
+@TEXT_OR_PAGE_ERROR
+@given(nested_soup)
+def test_hostile_nesting_gives_normalised_text_and_the_same_text_every_time(html):
+    try:
+        out = visible_text(html, "text/html")
+    except RecordError as e:
+        assert e.reason in {"empty", "binary"}
+    else:
+        assert out == normalize_text(out)
+        assert visible_text(html.encode(), "text/html") == out  # (a new parse: the same walk)
+
+
+def test_hostile_nesting_gives_the_same_text_in_another_process():
+    """The walk reads the parents of nodes inside subtrees it has detached: what it finds there
+    must not depend on the process (the fingerprint of a page is the same in every process)."""
+    import json
+    import random
+    import subprocess
+    import sys
+
+    rng = random.Random(7)
+    tags = "p div main article nav form span button svg select dialog object x-y".split()
+    attrs = ["", ' class="nav"', ' role="main"', " hidden"]
+    pages = [
+        "".join(
+            rng.choice([f"<{rng.choice(tags)}{rng.choice(attrs)}>", f"</{rng.choice(tags)}>", "w", "o", "x" * 600])
+            for _ in range(60)
+        )
+        for _ in range(200)
+    ]
+
+    def texts() -> list[str | None]:
+        out: list[str | None] = []
+        for p in pages:
+            try:
+                out.append(visible_text(p, "text/html"))
+            except RecordError:
+                out.append(None)
+        return out
+
+    code = (
+        "import json, sys\n"
+        "from streamdedup.errors import RecordError\n"
+        "from streamdedup.fingerprinting.text import visible_text\n"
+        "out = []\n"
+        "for p in json.load(sys.stdin):\n"
+        "    try:\n"
+        "        out.append(visible_text(p, 'text/html'))\n"
+        "    except RecordError:\n"
+        "        out.append(None)\n"
+        "print(json.dumps(out))\n"
+    )
+    other = subprocess.run(
+        [sys.executable, "-c", code], input=json.dumps(pages), capture_output=True, text=True, timeout=120, check=True
+    )
+    here = texts()
+    assert sum(t is not None and len(t) > 0 for t in here) > 100  # (most pages have text)
+    assert json.loads(other.stdout) == here
