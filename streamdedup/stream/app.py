@@ -88,11 +88,24 @@ FAULT_ENV = "TEST_STREAMDEDUP_FAULT"  # (not STREAMDEDUP_*: settings refuse unkn
 CHECK_FAULT_DELAY = 2.0
 
 
-# Not applied: a 50 ms consumer fetch wait (faust hard-codes 1.5 s) and a 0.5 ms GIL switch
-# interval (the code is commit a6f157d).  With the recovery's seek window held (hold_flow below)
-# they no longer lost a record, but they measured no gain: p99 at half rate, at 60 pages/s and at
-# 150 pages/s beside two busy loops were the same with and without them (bench/README.md,
-# "Measured again on a quieter machine").
+#: How long the broker may hold faust's consumer fetch when there is nothing new (faust hard-codes
+#: 1.5 s).  A broker answers a connection's requests in order, so every request faust's consumer
+#: thread sends meanwhile waits behind that fetch: recovery's end offsets and earliest offsets
+#: (1.2-1.5 s each at every start and rebalance, bench/README.md "Recovery"), and the fetch of
+#: records that arrived for partitions left out of the fetch in flight (buffered or paused when it
+#: was sent), which stalled pages, probes and answers for up to 1.5 s.  An empty fetch every
+#: 50 ms costs little.  (A 0.5 ms GIL switch interval, tried with it, measured no gain and is out.)
+FETCH_MAX_WAIT_MS = 50
+
+
+def _bounded_fetch_wait(create: Any) -> Any:
+    @functools.wraps(create)
+    def create_worker_consumer(self: Any, transport: Any) -> Any:
+        consumer = create(self, transport)
+        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # read by AIOKafkaConsumer.start (its Fetcher)
+        return consumer
+
+    return create_worker_consumer
 
 
 class _Active:
@@ -127,6 +140,7 @@ def _active_only(fetch: Any) -> Any:
 
 _thread = cast(Any, faust_aiokafka.AIOKafkaConsumerThread)
 _thread._fetch_records = _active_only(_thread._fetch_records)
+_thread._create_worker_consumer = _bounded_fetch_wait(_thread._create_worker_consumer)
 
 
 def batches_in_flight(fingerprint_processes: int) -> int:
