@@ -93,8 +93,11 @@ CHECK_FAULT_DELAY = 2.0
 #: thread sends meanwhile waits behind that fetch: recovery's end offsets and earliest offsets
 #: (1.2-1.5 s each at every start and rebalance, bench/README.md "Recovery"), and the fetch of
 #: records that arrived for partitions left out of the fetch in flight (buffered or paused when it
-#: was sent), which stalled pages, probes and answers for up to 1.5 s.  An empty fetch every
-#: 50 ms costs little.  (A 0.5 ms GIL switch interval, tried with it, measured no gain and is out.)
+#: was sent), which could stall pages, probes and answers for up to 1.5 s.  An empty fetch every
+#: 50 ms costs little; but during a bulk changelog replay faust's own wait is put back
+#: (``ShardStore._bulk_replay``): with 50 ms there, faust's consumer thread fetched all the time
+#: beside the bulk reader and slowed it.  (A 0.5 ms GIL switch interval, tried with the short
+#: wait, measured no gain and stays out.)
 FETCH_MAX_WAIT_MS = 50
 
 

@@ -59,6 +59,7 @@ from streamdedup.fingerprinting import SCHEME as FINGERPRINT_SCHEME
 from streamdedup.pipeline.shard import Plan, Shard
 from streamdedup.pipeline.snapshot_file import write_arrays
 from streamdedup.pipeline.wire import CHANGELOG, Batch, decode, row_counts
+from streamdedup.stream.connection import FAUST_FETCH_MAX_WAIT_MS, faust_fetch_wait
 
 __all__ = ["BulkReplay", "ShardStore", "NotAssigned", "SCHEME", "snapshot_meta", "stale_snapshot", "load_snapshot"]
 
@@ -527,7 +528,10 @@ class ShardStore(base.Store):
             await self._bulk_replay(self.bulk, topic, keep)
 
     async def _bulk_replay(self, bulk: BulkReplay, topic: str, partitions: set[int]) -> None:
-        with _switch_interval(BULK_SWITCH_INTERVAL):
+        # faust's own long poll meanwhile: with the worker's short one (stream/app.py,
+        # FETCH_MAX_WAIT_MS) faust's consumer thread fetched all the time beside the bulk read,
+        # whose 10 M-page replays ran at ~1.5 M rows/s instead of ~1.9 M (bench/README.md, "Recovery")
+        with _switch_interval(BULK_SWITCH_INTERVAL), faust_fetch_wait(self.app, FAUST_FETCH_MAX_WAIT_MS):
             await self._bulk_replay_runs(bulk, topic, partitions)
 
     async def _bulk_replay_runs(self, bulk: BulkReplay, topic: str, partitions: set[int]) -> None:
