@@ -541,3 +541,113 @@ def test_background_merges_of_several_indexes_run_one_at_a_time():
     ref = small(mask, background=False)
     ref.add_many(range(3000), fps)
     assert same(first.search(queries), ref.search(queries)) and same(second.search(queries), ref.search(queries))
+
+
+def _flipped(rng: np.random.Generator, fps: np.ndarray, most: int) -> np.ndarray:
+    """``fps`` with 0..most random bits flipped each (some bits may repeat: fewer flips)."""
+    out = fps.copy()
+    for i in range(len(out)):
+        for bit in rng.integers(0, 64, size=int(rng.integers(0, most + 1))):
+            out[i] ^= np.uint64(1) << np.uint64(bit)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_search_is_brute_force_for_any_k_key_and_bucket_size(seed):
+    """Exact for any k (0..64: far past what a key of w bits guarantees), any key block (8..32
+    bits, anywhere), buckets of 1 to ~1000 entries with duplicates and dead rows, runs with and
+    without directories (a directory bucket of one key or of many): the numba scan, which skips
+    a step of 64 entries on its low halves alone, and the numpy path give brute force's answer."""
+    rng = np.random.default_rng(1000 + seed)
+    for trial in range(4):
+        width = int(rng.integers(8, 33))
+        shift = int(rng.choice([0, 64 - width, int(rng.integers(0, 64 - width + 1))]))
+        mask = ((1 << width) - 1) << shift
+        n = int(rng.integers(200, 2500))
+        fps = rng.integers(0, M64, size=n, dtype=np.uint64, endpoint=True)
+        keys = rng.integers(0, 1 << width, size=int(rng.integers(1, 4)), dtype=np.uint64) << np.uint64(shift)
+        crowd = rng.random(n) < 0.85  # a few big buckets; the rest of the keys random (buckets of 1)
+        hubs = rng.integers(0, M64, size=6, dtype=np.uint64, endpoint=True)
+        fps[crowd] = (_flipped(rng, hubs[rng.integers(0, 6, crowd.sum())], 24) & ~np.uint64(mask)) | keys[
+            rng.integers(0, len(keys), crowd.sum())
+        ]
+        twins = rng.integers(0, n, size=n // 10)
+        fps[rng.integers(0, n, size=len(twins))] = fps[twins]  # duplicates
+        queries = np.concatenate(
+            (
+                _flipped(rng, fps[rng.integers(0, n, 30)], 22),
+                (hubs & ~np.uint64(mask)) | keys[0],
+                rng.integers(0, M64, size=4, dtype=np.uint64, endpoint=True),
+            )
+        )
+        dead = rng.integers(0, n, size=n // 6)
+        alive = np.ones(n, dtype=bool)
+        alive[dead] = False
+        cuts = [0, *sorted(rng.integers(0, n, size=int(rng.integers(0, 6))).tolist()), n]
+        thresholds = (int(rng.choice([4, 1 << 14])), int(rng.choice([16, 1 << 12])), int(rng.choice([1, 2, 64, 400])))
+        found = []
+        for compiled in (True, False):
+            idx = BlockIndex(mask, compiled=compiled, background=bool(trial % 2))
+            idx.SMALL_RUN, idx.DIRECTORY_MIN, idx.PER_BUCKET = thresholds
+            idx.BACKGROUND_MIN = 64
+            for a, b in zip(cuts, cuts[1:]):
+                idx.add_many(range(a, b), fps[a:b])
+            idx.remove_rows(dead)
+            for k in (0, 1, 3, 7, 12, 20, 31, 32, 33, 64):
+                got = idx.search(queries, k=k)
+                assert as_tuples(got) == brute_np(fps, alive, mask, queries, k), (hex(mask), compiled, k)
+                found.append(got)
+            idx.wait()
+        assert all(same(a, b) for a, b in zip(found[:10], found[10:]))  # the two paths alike
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("mask", [0xFFFF << 48, 0xFF << 8, 0xFFFF_FFFF, 0x3FF << 27])
+def test_the_scan_of_a_bucket_stops_at_its_edges(mask, compiled):
+    """Buckets of 1, 63, 64, 65, 127, 128, 129 and 1000 entries (the last one at the end of the
+    run) between empty keys, every entry's low half near the query's whatever its key: fillers
+    far away in the other bits, and at each step edge of a bucket an entry 0..4 bits from its
+    query.  Exactly those within k of the query's bucket are found, on both paths, through a
+    directory of a key a bucket or of several keys a bucket, or by binary search."""
+    shift = (mask & -mask).bit_length() - 1
+    width = (mask >> shift).bit_length()
+    rng = np.random.default_rng(width)
+    other_bits = [i for i in range(64) if not mask >> i & 1]
+    base = int(rng.integers(0, M64, dtype=np.uint64, endpoint=True)) & ~mask
+    sizes = [1, 63, 64, 65, 127, 128, 129, 1000]
+    keys = [(5 + 2 * b) << shift for b in range(len(sizes))]  # keys 5, 7, ..., 19; 4, 6, ..., 20 empty
+    halves = BlockIndex(mask)
+    fps: list[int] = []
+    near: dict[int, list[tuple[int, int]]] = {}  # bucket -> (distance, row)
+    for b, size in enumerate(sizes):
+        edges = {0, 1, 62, 63, 64, 65, 127, 128, size // 2, size - 2, size - 1} & set(range(size))
+        for pos in range(size):
+            if pos in edges:
+                d = pos % 5
+                fp = base
+                for bit in rng.choice(other_bits, size=d, replace=False):
+                    fp ^= 1 << int(bit)
+                near.setdefault(b, []).append((d, len(fps)))
+            else:  # the low half within 0..1 bit of the query's (no step skipped), far in the high half
+                q_hi, q_lo = halves._split(np.array([base | keys[b]], dtype=np.uint64))
+                if width < 32:  # (a key of 32 bits is the whole high half: far in the low half then)
+                    f_hi, f_lo = q_hi ^ np.uint32((1 << (32 - width)) - 1), q_lo ^ np.uint32(pos % 2)
+                else:
+                    f_hi, f_lo = q_hi, ~q_lo
+                fp = int(halves._join(f_hi, f_lo)[0])
+            fps.append((fp & ~mask) | keys[b])
+    queries = [base | key for key in keys]
+    queries += [base | (key - (1 << shift)) for key in keys] + [base | (keys[-1] + (1 << shift))]  # empty keys
+    queries += [base, base | mask]  # key 0 (before the first bucket), the last key (after the last)
+    fps_arr, q_arr = np.array(fps, dtype=np.uint64), np.array(queries, dtype=np.uint64)
+    for directory_min, per_bucket in ((1 << 20, 8), (16, 1), (16, 64)):
+        idx = BlockIndex(mask, k=3, compiled=compiled, background=False)
+        idx.DIRECTORY_MIN, idx.PER_BUCKET = directory_min, per_bucket
+        idx.add_many(range(len(fps_arr)), fps_arr)
+        assert idx.runs == 1 and (idx._runs[0].directory is not None) == (directory_min == 16)
+        for k in (0, 3, 4, 20):
+            found = idx.search(q_arr, k=k)
+            want = sorted((q, d, r) for q in range(len(sizes)) for d, r in near[q] if d <= k)
+            if k < 16:  # (the fillers are 32 - w or 33 - w bits away: 16 for a 16-bit key)
+                assert [(q, d, r) for q, d, r, _ in as_tuples(found)] == want, (k, directory_min, per_bucket)
+            assert as_tuples(found) == brute_np(fps_arr, np.ones(len(fps_arr), bool), mask, q_arr, k)
