@@ -94,10 +94,10 @@ CHECK_FAULT_DELAY = 2.0
 #: (1.2-1.5 s each at every start and rebalance, bench/README.md "Recovery"), and the fetch of
 #: records that arrived for partitions left out of the fetch in flight (buffered or paused when it
 #: was sent), which could stall pages, probes and answers for up to 1.5 s.  An empty fetch every
-#: 50 ms costs little; but during a bulk changelog replay faust's own wait is put back
-#: (``ShardStore._bulk_replay``): with 50 ms there, faust's consumer thread fetched all the time
-#: beside the bulk reader and slowed it.  (A 0.5 ms GIL switch interval, tried with the short
-#: wait, measured no gain and stays out.)
+#: 50 ms costs little.  During a bulk changelog replay faust's own wait is put back
+#: (``ShardStore._bulk_replay``): with 50 ms there too, the bulk reads measured slower, within
+#: the spread.  (A 0.5 ms GIL switch interval, tried with the short wait, measured no gain and
+#: stays out.)
 FETCH_MAX_WAIT_MS = 50
 
 
@@ -813,9 +813,8 @@ class Worker:
     def _kick(self, partial: bool = False) -> None:
         """Start judging buffered events: whole batches (``partial``: whatever is buffered), with
         at most ``batches_in_flight`` batches in flight and as many batches of pages waiting for
-        answers.  Beyond
-        that the pages partitions are paused until the backlog halves (bounded memory, and the
-        shard and answers stages get the event loop).  Never blocks."""
+        answers.  Beyond that the pages partitions are paused until the backlog halves (bounded
+        memory, and the shard and answers stages get the event loop).  Never blocks."""
         size = self.settings.batch_size
         # a record after a hole waits for the hole's records: pages are stored in offset order (the
         # order rule; with one partition the verdicts are scan's), also when faust skipped one.  An

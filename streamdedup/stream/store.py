@@ -528,9 +528,9 @@ class ShardStore(base.Store):
             await self._bulk_replay(self.bulk, topic, keep)
 
     async def _bulk_replay(self, bulk: BulkReplay, topic: str, partitions: set[int]) -> None:
-        # faust's own long poll meanwhile: with the worker's short one (stream/app.py,
-        # FETCH_MAX_WAIT_MS) faust's consumer thread fetched all the time beside the bulk read,
-        # whose 10 M-page replays ran at ~1.5 M rows/s instead of ~1.9 M (bench/README.md, "Recovery")
+        # faust's own long poll meanwhile (the worker's short one, stream/app.py FETCH_MAX_WAIT_MS,
+        # is for recovery's requests after it): with 50 ms throughout, 10 M-page bulk reads ran at
+        # 1.46-1.58 M rows/s against 1.61-1.90 M (within the spread; bench/README.md, "Recovery")
         with _switch_interval(BULK_SWITCH_INTERVAL), faust_fetch_wait(self.app, FAUST_FETCH_MAX_WAIT_MS):
             await self._bulk_replay_runs(bulk, topic, partitions)
 
