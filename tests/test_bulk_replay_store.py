@@ -217,29 +217,3 @@ def test_a_string_write_that_fails_in_its_thread_stops_the_bulk_read_before_the_
         texts = shard._groups[g].texts
         assert len(texts) == 2 * len(rows) and texts.data() == bytes(rows.strings)
         assert [texts[2 * i] or texts[2 * i + 1] for i in range(len(rows))] == rows.ids()
-
-
-def test_fausts_consumer_fetches_with_its_own_long_poll_during_the_bulk_read_only(worker, changelog, monkeypatch):
-    """With the worker's 50 ms fetch wait throughout, 10 M-page bulk reads measured slower (within
-    the spread): during the read faust's consumer has faust's 1.5 s again, after it the worker's
-    (for recovery's requests), also when the read fails."""
-    from streamdedup.stream.app import FETCH_MAX_WAIT_MS
-    from streamdedup.stream.connection import FAUST_FETCH_MAX_WAIT_MS
-
-    fetcher = SimpleNamespace(_fetch_max_wait_ms=FETCH_MAX_WAIT_MS)  # faust's consumer thread's, as the worker has it
-    monkeypatch.setattr(worker.app.consumer, "_thread", SimpleNamespace(_consumer=SimpleNamespace(_fetcher=fetcher)))
-    seen: list[int] = []
-    read = changelog.read
-
-    async def watched(topic: str, ranges: dict[int, tuple[int, int]]) -> AsyncGenerator[tuple[int, list], None]:
-        async for run in read(topic, ranges):
-            seen.append(fetcher._fetch_max_wait_ms)
-            yield run
-
-    monkeypatch.setattr(ShardStore, "bulk", BulkReplay(watched, min_records=0, timeout=5.0))
-    changelog.write(0, list(range(10)), end=10)
-    changelog.write(1, list(range(4)), end=4)
-    changelog.fail_after = 3
-    asyncio.run(assign(worker, monkeypatch, {0, 1}))
-    assert seen and set(seen) == {FAUST_FETCH_MAX_WAIT_MS}
-    assert fetcher._fetch_max_wait_ms == FETCH_MAX_WAIT_MS < FAUST_FETCH_MAX_WAIT_MS

@@ -49,19 +49,3 @@ def test_the_worker_app_uses_the_shard_tables(tmp_path):
 def test_tables_are_registered_without_fausts_second_of_sleep(tmp_path):
     assert registered_after(TableManager, tmp_path / "faust") >= 1.0  # (what is left out)
     assert registered_after(ShardTables, tmp_path / "ours") < 0.5
-
-
-def test_the_worker_consumers_fetch_waits_50_ms_not_fausts_1500(tmp_path):
-    """Recovery's offsets requests at every start and rebalance go to the broker on the connection
-    of faust's consumer thread, behind its fetch in flight; with faust's 1.5 s fetch wait each took
-    1.2-1.5 s (bench/README.md, "Recovery")."""
-    from streamdedup.stream.app import FETCH_MAX_WAIT_MS
-
-    async def consumer_fetch_wait() -> int:
-        w = Worker(Settings(data_dir=tmp_path, fingerprint_processes=0, partitions=2), registry=CollectorRegistry())
-        consumer = w.app.consumer._thread._create_worker_consumer(w.app.transport)  # (as the consumer thread does)
-        w.close()
-        return consumer._fetch_max_wait_ms
-
-    assert FETCH_MAX_WAIT_MS == 50
-    assert asyncio.run(consumer_fetch_wait()) == FETCH_MAX_WAIT_MS

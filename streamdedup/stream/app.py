@@ -88,27 +88,14 @@ FAULT_ENV = "TEST_STREAMDEDUP_FAULT"  # (not STREAMDEDUP_*: settings refuse unkn
 CHECK_FAULT_DELAY = 2.0
 
 
-#: How long the broker may hold faust's consumer fetch when there is nothing new (faust hard-codes
-#: 1.5 s).  A broker answers a connection's requests in order, so every request faust's consumer
-#: thread sends meanwhile waits behind that fetch: recovery's end offsets and earliest offsets
-#: (1.2-1.5 s each at every start and rebalance, bench/README.md "Recovery"), and the fetch of
-#: records that arrived for partitions left out of the fetch in flight (buffered or paused when it
-#: was sent), which could stall pages, probes and answers for up to 1.5 s.  An empty fetch every
-#: 50 ms costs little.  During a bulk changelog replay faust's own wait is put back
-#: (``ShardStore._bulk_replay``): with 50 ms there too, the bulk reads measured slower, within
-#: the spread.  (A 0.5 ms GIL switch interval, tried with the short wait, measured no gain and
-#: stays out.)
-FETCH_MAX_WAIT_MS = 50
-
-
-def _bounded_fetch_wait(create: Any) -> Any:
-    @functools.wraps(create)
-    def create_worker_consumer(self: Any, transport: Any) -> Any:
-        consumer = create(self, transport)
-        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # read by AIOKafkaConsumer.start (its Fetcher)
-        return consumer
-
-    return create_worker_consumer
+# Not applied: a 50 ms consumer fetch wait (faust hard-codes 1.5 s; the code is commit df634c6,
+# with faust's own wait put back during a bulk changelog read in 64564a1).  Recovery's offsets
+# requests wait behind faust's fetch on the same connection, so every start reached Ready ~3 s
+# sooner with it (an empty start 1.5-2.6 s against 4.5-5.2 s); but at half rate this session's
+# runs looked worse with it (p50 0.26-0.30 s against 0.22-0.24 s, backlog 0.69-0.82 x scan
+# against 0.84 x), and the earlier session's saw no difference: not settled, so faust's wait
+# stays (bench/README.md, "faust's fetch wait bounded").  The 0.5 ms GIL switch interval tried
+# with it measured no gain either.
 
 
 class _Active:
@@ -143,7 +130,6 @@ def _active_only(fetch: Any) -> Any:
 
 _thread = cast(Any, faust_aiokafka.AIOKafkaConsumerThread)
 _thread._fetch_records = _active_only(_thread._fetch_records)
-_thread._create_worker_consumer = _bounded_fetch_wait(_thread._create_worker_consumer)
 
 
 def batches_in_flight(fingerprint_processes: int) -> int:

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import threading
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, SupportsIndex
@@ -349,30 +349,6 @@ class Member:
     coordinator: int  # the group coordinator's broker node id
     generation: int
     member_id: str
-
-
-#: faust's own fetch wait (hard-coded in its aiokafka driver), which the worker shortens
-FAUST_FETCH_MAX_WAIT_MS = 1500
-
-
-@contextlib.contextmanager
-def faust_fetch_wait(app: Any, ms: int) -> Iterator[None]:
-    """faust's consumer fetches with a wait of ``ms`` inside, and with the one it had after.
-
-    Set on its aiokafka ``Fetcher`` (private attributes of faust 0.15 and aiokafka 0.14) from the
-    event loop's thread while that consumer waits for a rebalance callback: the fetch in flight
-    keeps its own wait, the next ones take the new one.  Nothing happens if there is no fetcher."""
-    consumer = getattr(getattr(getattr(app, "consumer", None), "_thread", None), "_consumer", None)
-    fetcher: Any = getattr(consumer, "_fetcher", None)
-    before = getattr(fetcher, "_fetch_max_wait_ms", None)
-    if fetcher is None or before is None:
-        yield
-        return
-    fetcher._fetch_max_wait_ms = ms
-    try:
-        yield
-    finally:
-        fetcher._fetch_max_wait_ms = before
 
 
 def faust_member(app: Any) -> Member | None:

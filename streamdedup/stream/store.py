@@ -59,7 +59,6 @@ from streamdedup.fingerprinting import SCHEME as FINGERPRINT_SCHEME
 from streamdedup.pipeline.shard import Plan, Shard
 from streamdedup.pipeline.snapshot_file import write_arrays
 from streamdedup.pipeline.wire import CHANGELOG, Batch, decode, row_counts
-from streamdedup.stream.connection import FAUST_FETCH_MAX_WAIT_MS, faust_fetch_wait
 
 __all__ = ["BulkReplay", "ShardStore", "NotAssigned", "SCHEME", "snapshot_meta", "stale_snapshot", "load_snapshot"]
 
@@ -528,10 +527,7 @@ class ShardStore(base.Store):
             await self._bulk_replay(self.bulk, topic, keep)
 
     async def _bulk_replay(self, bulk: BulkReplay, topic: str, partitions: set[int]) -> None:
-        # faust's own long poll meanwhile (the worker's short one, stream/app.py FETCH_MAX_WAIT_MS,
-        # is for recovery's requests after it): with 50 ms throughout, 10 M-page bulk reads ran at
-        # 1.46-1.58 M rows/s against 1.61-1.90 M (within the spread; bench/README.md, "Recovery")
-        with _switch_interval(BULK_SWITCH_INTERVAL), faust_fetch_wait(self.app, FAUST_FETCH_MAX_WAIT_MS):
+        with _switch_interval(BULK_SWITCH_INTERVAL):
             await self._bulk_replay_runs(bulk, topic, partitions)
 
     async def _bulk_replay_runs(self, bulk: BulkReplay, topic: str, partitions: set[int]) -> None:
