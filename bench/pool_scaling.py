@@ -23,16 +23,14 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
+from streamdedup.pipeline.intake import Record, fingerprint_contents, parse
+from streamdedup.stream.app import batches_in_flight
+from streamdedup.stream.pool import fingerprint_pool
+
 ROOT = Path(__file__).resolve().parents[1]
-
-from streamdedup.pipeline.intake import Record, fingerprint_contents, parse  # noqa: E402
-from streamdedup.stream.app import batches_in_flight  # noqa: E402
-from streamdedup.stream.pool import fingerprint_pool  # noqa: E402
-
 MAX_BYTES = 5 * 2**20
 
 
@@ -112,4 +110,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
