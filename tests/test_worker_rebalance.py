@@ -524,6 +524,31 @@ def test_a_record_handed_out_while_recovery_seeks_reaches_its_agent_after_the_qu
     assert after == 1
 
 
+def test_recovery_resumes_the_stream_partitions_only_after_the_assignments_seek(worker):
+    """The assignment's seek of the partitions with no committed offset (``_seek_uncommitted``,
+    started in the assignment callback, not awaited there) must land before faust's recovery
+    resumes them.  Recovery used to take seconds (its offsets read behind faust's 1.5-s fetch) and
+    the seek won by that margin; now that recovery reads them by a client of its own, its end
+    waits for the seek: on_rebalance_complete, recovery's first step as it ends, returns only
+    once the seek has."""
+    app = worker.app
+
+    async def scenario() -> tuple[bool, bool]:
+        seek: asyncio.Future = asyncio.get_running_loop().create_future()
+        worker._seek_task = seek
+        complete = asyncio.ensure_future(app.on_rebalance_complete.send())
+        await asyncio.sleep(0.2)
+        waited = not complete.done()
+        seek.set_result(None)  # the seek lands
+        await asyncio.wait_for(complete, 5)
+        app.flow_control.resume()
+        return waited, complete.done()
+
+    waited, ended = app.loop.run_until_complete(scenario())
+    assert waited, "recovery went on while the assignment's seek was under way"
+    assert ended
+
+
 @pytest.mark.parametrize("processes", [1, 3])
 def test_every_fingerprinting_process_gets_a_batch_of_a_backlog(tmp_path, monkeypatch, processes):
     """With N fingerprinting processes a backlog keeps N batches in the pool at once (and one more

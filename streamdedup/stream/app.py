@@ -45,6 +45,7 @@ from streamdedup.stream.connection import (
     end_offsets,
     faust_broker_url,
     faust_credentials,
+    list_offsets,
     member_heartbeats,
     read_ranges,
 )
@@ -274,7 +275,9 @@ class Worker:
             broker_commit_livelock_soft_timeout=10**9,  # the pages topic is committed by the outbox
             producer_max_request_size=max(1_048_576, 2 * s.max_page_bytes),
             consumer_max_fetch_size=max(1_048_576, 2 * s.max_page_bytes),
-            TableManager=ShardTables,  # (faust's, without its 1 s sleep before the tables start)
+            # (faust's, without its 1 s sleep before the tables start, its recovery's offsets read
+            # by a client of our own: not behind faust's fetch, stream/recovery.py)
+            TableManager=ShardTables.using(functools.partial(list_offsets, s)),
         )
         setup_faust_sensor(app, self.registry)
         pages = app.topic(s.pages_topic, partitions=s.partitions, **RAW)
@@ -456,6 +459,13 @@ class Worker:
             # flow is stopped is dropped, the standby changelog records in it too, and only the
             # stream partitions are sought back.)
             app.flow_control.suspend()
+            # And the assignment's own seek (_seek_uncommitted) lands before faust resumes the
+            # stream partitions, however fast the recovery was (its offsets are read by clients
+            # of our own, so it can end within ~0.1 s of the assignment).
+            if (seek := self._seek_task) is not None and not seek.done():
+                done, _ = await asyncio.wait({seek}, timeout=2 * OFFSETS_TIMEOUT)
+                if not done:
+                    log.warning("recovery goes on before the seek of the uncommitted partitions ended")
 
         if self.faults.stage == "stop":  # the test hook: a stop that never ends (see arm_stop_deadline)
 
@@ -490,7 +500,12 @@ class Worker:
             starts = {tp.partition: committed[tp] for tp in tps if tp not in missing}
             internal_start = {(tp.topic, tp.partition): committed[tp] for tp in internal if tp not in missing}
             if missing:
-                earliest = await asyncio.wait_for(self.app.consumer.earliest_offsets(*missing), OFFSETS_TIMEOUT)
+                # (by a client of our own: faust's consumer would send it behind its fetch, §14)
+                firsts = await asyncio.wait_for(
+                    list_offsets(self.settings, [(tp.topic, tp.partition) for tp in missing], latest=False),
+                    OFFSETS_TIMEOUT,
+                )
+                earliest = {tp: firsts.get((tp.topic, tp.partition)) for tp in missing}
                 for tp in missing:
                     first = earliest.get(tp) or 0
                     if tp in tps:

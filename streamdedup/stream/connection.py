@@ -31,6 +31,7 @@ __all__ = [
     "faust_broker_url",
     "faust_credentials",
     "end_offsets",
+    "list_offsets",
     "committed_offsets",
     "read_ranges",
     "Member",
@@ -73,16 +74,31 @@ async def end_offsets(settings: Settings, topic: str, partitions: list[int]) -> 
     own.  faust serves its consumer's offsets requests from the consumer thread, and inside a
     rebalance callback that thread is busy running the rebalance: such a request waits until
     aiokafka's request timeout or a stop cancels it (docs/faust-notes.md §11)."""
+    ends = await list_offsets(settings, [(topic, p) for p in partitions], latest=True)
+    return {p: end for (_, p), end in ends.items()}
+
+
+async def list_offsets(
+    settings: Settings, tps: Iterable[tuple[str, int]], *, latest: bool
+) -> dict[tuple[str, int], int]:
+    """The end (``latest``) or first offsets of the partitions ``tps`` ((topic, partition) pairs),
+    read by a consumer of our own, keyed as given.  Outside faust's consumer thread, so never
+    queued behind its fetch either: a broker answers a connection's requests in order, and faust's
+    fetch waits up to 1.5 s for records (docs/faust-notes.md §14, "Recovery's own waits")."""
+    wanted = {TopicPartition(t, p): (t, p) for t, p in tps}
+    if not wanted:
+        return {}
     consumer = AIOKafkaConsumer(
         **settings.aiokafka_kwargs(),
         group_id=None,
         enable_auto_commit=False,
-        client_id=f"{settings.app_id}-end-offsets",
+        client_id=f"{settings.app_id}-{'end' if latest else 'first'}-offsets",
     )
     await consumer.start()
     try:
-        ends = await consumer.end_offsets([TopicPartition(topic, p) for p in partitions])
-        return {tp.partition: int(end) for tp, end in ends.items()}
+        read = consumer.end_offsets if latest else consumer.beginning_offsets
+        got = await read(list(wanted))
+        return {wanted[tp]: int(offset) for tp, offset in got.items()}
     finally:
         await consumer.stop()
 
