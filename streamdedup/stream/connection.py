@@ -26,7 +26,6 @@ from aiokafka.protocol.group import HeartbeatRequest
 from faust.types.auth import SASLMechanism
 
 from streamdedup.settings import Settings
-from streamdedup.stream.crc import hardware_crcs
 
 __all__ = [
     "faust_broker_url",
@@ -269,7 +268,7 @@ async def read_ranges(
 
     def run() -> None:
         try:
-            with hardware_crcs(), asyncio.Runner(loop_factory=_BulkReadLoop) as runner:
+            with asyncio.Runner(loop_factory=_BulkReadLoop) as runner:
                 runner.run(read())
         except BaseException as e:  # (a cancelled read ends here too)
             if not isinstance(e, asyncio.CancelledError):
