@@ -114,15 +114,8 @@ async def committed_offsets(settings: Settings, topic: str, partitions: list[int
     finally:
         await admin.close()
     out = {tp.partition: meta.offset for tp, meta in committed.items() if meta is not None and meta.offset >= 0}
-    if missing := [tp for tp in tps if tp.partition not in out]:
-        consumer = AIOKafkaConsumer(**settings.aiokafka_kwargs(), group_id=None, enable_auto_commit=False)
-        await consumer.start()
-        try:
-            out.update(
-                {tp.partition: int(offset) for tp, offset in (await consumer.beginning_offsets(missing)).items()}
-            )
-        finally:
-            await consumer.stop()
+    if missing := [(topic, p) for p in partitions if p not in out]:
+        out.update({p: first for (_, p), first in (await list_offsets(settings, missing, latest=False)).items()})
     return out
 
 

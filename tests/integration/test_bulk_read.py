@@ -248,3 +248,42 @@ def test_a_store_replays_through_the_read_ahead_in_order_and_stops_between_runs_
             ]
             store.apply_changelog_batch(events, None, None)
         assert {p: len(store.shards[p]) for p in (0, 1)} == {0: 80 * ROWS, 1: 50 * ROWS}
+
+
+def test_offsets_read_by_a_client_of_our_own(kafka):
+    """The end and first offsets recovery and the assignment's seek read outside faust's consumer
+    (connection.list_offsets), and the group's start where it has no commit (committed_offsets):
+    a partition whose first records were deleted starts after them."""
+    from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
+    from aiokafka.errors import GroupCoordinatorNotAvailableError
+    from aiokafka.structs import TopicPartition
+
+    topic = kafka.create_topic(unique_name("offsets"), partitions=2)
+    settings = _settings(kafka)
+    tps = [(topic, 0), (topic, 1)]
+
+    async def scenario() -> tuple:
+        written = await _write(kafka, topic, {0: 6})
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+        await admin.start()
+        try:
+            await admin.delete_records({TopicPartition(topic, 0): RecordsToDelete(before_offset=2)})
+        finally:
+            await admin.close()
+        ends = await connection.list_offsets(settings, tps, latest=True)
+        firsts = await connection.list_offsets(settings, tps, latest=False)
+        deadline = time.monotonic() + 30
+        while True:  # (a fresh broker creates its offsets topic on the first group request)
+            try:
+                starts = await connection.committed_offsets(settings, topic, [0, 1])
+                break
+            except GroupCoordinatorNotAvailableError:
+                assert time.monotonic() < deadline, "no group coordinator after 30 s"
+                await asyncio.sleep(0.5)
+        return written, ends, firsts, starts
+
+    written, ends, firsts, starts = asyncio.run(scenario())
+    assert ends[(topic, 0)] > written[0][-1][0] and ends[(topic, 1)] == 0  # (past the last marker)
+    assert firsts == {(topic, 0): 2, (topic, 1): 0}
+    assert starts == {0: 2, 1: 0}  # no commit: the partition's first record
+    assert asyncio.run(connection.list_offsets(settings, [], latest=True)) == {}
