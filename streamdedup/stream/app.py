@@ -90,13 +90,13 @@ CHECK_FAULT_DELAY = 2.0
 
 
 # Not applied: a 50 ms consumer fetch wait (faust hard-codes 1.5 s; the code is commit df634c6,
-# with faust's own wait put back during a bulk changelog read in 64564a1).  Recovery's offsets
-# requests wait behind faust's fetch on the same connection, so every start reached Ready ~3 s
-# sooner with it (an empty start 1.5-2.6 s against 4.5-5.2 s); but at half rate this session's
-# runs looked worse with it (p50 0.26-0.30 s against 0.22-0.24 s, backlog 0.69-0.82 x scan
-# against 0.84 x), and the earlier session's saw no difference: not settled, so faust's wait
-# stays (bench/README.md, "faust's fetch wait bounded").  The 0.5 ms GIL switch interval tried
-# with it measured no gain either.
+# with faust's own wait put back during a bulk changelog read in 64564a1).  It made every start
+# ~3 s shorter, as recovery's offsets requests waited behind faust's fetch on the same connection;
+# those are now read by a client of our own (stream/recovery.py), which gives the same gain.  At
+# half rate the runs with it looked worse (p50 0.26-0.30 s against 0.22-0.24 s, backlog 0.69-0.82
+# x scan against 0.84 x), and an earlier session's saw no difference: faust's wait stays
+# (bench/README.md, "faust's fetch wait bounded").  The 0.5 ms GIL switch interval tried with it
+# measured no gain either.
 
 
 class _Active:
@@ -505,9 +505,8 @@ class Worker:
                     list_offsets(self.settings, [(tp.topic, tp.partition) for tp in missing], latest=False),
                     OFFSETS_TIMEOUT,
                 )
-                earliest = {tp: firsts.get((tp.topic, tp.partition)) for tp in missing}
                 for tp in missing:
-                    first = earliest.get(tp) or 0
+                    first = firsts.get((tp.topic, tp.partition)) or 0
                     if tp in tps:
                         starts[tp.partition] = first
                     else:
