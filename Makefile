@@ -16,7 +16,8 @@ STAMPS := .stamps
 
 install: $(STAMPS)/python $(STAMPS)/debian $(STAMPS)/kafka
 
-$(STAMPS)/python: pyproject.toml
+# (after the Debian packages: gcc builds the C text walk at `pip install`)
+$(STAMPS)/python: pyproject.toml setup.py streamdedup/fingerprinting/_html_walk.c $(STAMPS)/debian
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "streamdedup needs Python >= 3.11; set PYTHON=python3.11")'
 	@mkdir -p $(STAMPS)
 	@echo "== installing streamdedup and its test dependencies into $(VENV)"
@@ -28,7 +29,7 @@ $(STAMPS)/python: pyproject.toml
 	$(PY) -m streamdedup.pipeline.wire_kernels  # and the changelog replay's regrouping kernel
 	@touch $@
 
-# kcat (a Kafka client we did not write) and prometheus, from Debian
+# kcat (a Kafka client we did not write), prometheus and gcc, from Debian
 $(STAMPS)/debian: deploy/local/install-debian-packages.sh
 	@mkdir -p $(STAMPS)
 	bash deploy/local/install-debian-packages.sh

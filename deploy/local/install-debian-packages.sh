@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Debian/Ubuntu packages used by the local tooling: kcat (Kafka CLI client, used by
-# tests/integration/test_broker.py) and prometheus (scrapes streamdedup's metrics).
+# tests/integration/test_broker.py), prometheus (scrapes streamdedup's metrics) and gcc (builds
+# the HTML text walk in C, streamdedup/fingerprinting/_html_walk.c, at `pip install`).
 # Idempotent and non-interactive: installs only what is missing; runs apt-get update only then.
 set -euo pipefail
 
-want=(kcat prometheus)
+want=(kcat prometheus gcc)
 missing=()
 for pkg in "${want[@]}"; do
     if dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then

@@ -24,6 +24,7 @@ no such anchor, a (3)-(4) match holding over half the page text is kept.
 from __future__ import annotations
 
 import codecs
+import os
 import re
 import unicodedata
 from functools import lru_cache
@@ -50,11 +51,19 @@ def normalize_text(text: str) -> str:
     >>> normalize_text(" \\uff21\\ufb01\\u00ad x\\n\\t y\\u2026\\u00a0z ")
     'Afi x y... z'
     """
-    text = _SPACES.sub(" ", text.replace("\n", " ").replace("\t", " ").replace("\r", " ").replace("\xa0", " "))
+    return _normalize_collapsed(
+        _SPACES.sub(" ", text.replace("\n", " ").replace("\t", " ").replace("\r", " ").replace("\xa0", " "))
+    )
+
+
+def _normalize_collapsed(text: str, rb: bytes | None = None) -> str:
+    """normalize_text after its first step (newlines, tabs, CRs and NBSPs made spaces, space runs one);
+    ``rb``: the first line below, where the caller has it already."""
     if text.isascii():
         return (text if text.isprintable() else " ".join(_JUNK.sub("", text).split())).strip()
     # Unicode property checks cost ~25 instructions/char: run them on the non-ASCII characters only.
-    rb = text.encode("utf-8", "surrogatepass").translate(None, _ASCII_PRINTABLE)
+    if rb is None:
+        rb = text.encode("utf-8", "surrogatepass").translate(None, _ASCII_PRINTABLE)
     rare = rb.decode("utf-8", "surrogatepass")
     if not rare.isprintable():  # controls, format chars, unusual whitespace, private-use icons
         text = " ".join(_JUNK.sub("", text).split())
@@ -307,10 +316,9 @@ _BOILER_WHOLE = frozenset(
     """sr-only screen-reader-text visually-hidden visuallyhidden no-print hidden-print
     d-print-none skip-link skip-links skiplinks skip-to-content comment-count comments-count""".split()
 )
-_HEADER_TOKEN = re.compile(
-    r"(?:(?:site|page|global|top|main)[-_])?header"
-    r"(?:[-_](?:wrap|wrapper|container|inner|bar|top|nav|navigation|menu|area|links))?"
-)
+_HEADER_PREFIXES = ("site", "page", "global", "top", "main")
+_HEADER_SUFFIXES = ("wrap", "wrapper", "container", "inner", "bar", "top", "nav", "navigation", "menu", "area", "links")
+_HEADER_TOKEN = re.compile(f"(?:(?:{'|'.join(_HEADER_PREFIXES)})[-_])?header(?:[-_](?:{'|'.join(_HEADER_SUFFIXES)}))?")
 _STATE = frozenset("has with without no is show hide".split())  # state flags: body.has-sidebar
 _STATE_LAST = frozenset("open opened active visible collapsed expanded closed fixed enabled disabled".split())
 _SAFE_TOKEN, _SPLIT = re.compile(r"[a-z0-9_-]{1,80}"), re.compile(r"[-_]+")
@@ -395,8 +403,13 @@ except (TypeError, KeyError, AttributeError):  # pragma: no cover - other select
     _INS_BEFORE, _INS_AFTER = LexborNode.insert_before, LexborNode.insert_after
 
 
-def _flatten_deep(data: bytes) -> bytes:
-    if len(data) < 60_000 or data.count(b"<") < 8000:  # depth < 12000 costs lexbor < 0.2 s
+def _flatten_deep(data: bytes, compiled: bool = True) -> bytes:
+    if len(data) < 60_000:
+        return data
+    if compiled and _C is not None:  # (the same count and depth as below, in C)
+        count, deepest = _C.nesting(data, _NESTING_KEYS)
+        return _NESTING_RE.sub(b" ", data) if count >= 8000 and deepest > 4000 else data
+    if data.count(b"<") < 8000:  # depth < 12000 costs lexbor < 0.2 s
         return data
     import numpy as np
 
@@ -416,16 +429,27 @@ def _ancestor(n: LexborNode, stop: tuple[int, ...]) -> LexborNode | None:
     return p
 
 
-def _html_text(data: bytes) -> str:
+def _html_text(data: bytes, compiled: bool = True) -> str:
+    """The page's visible text: the walk in C (``_html_walk.c``) where it was built, else in Python."""
     try:
-        tree = LexborHTMLParser(_flatten_deep(data), scripting=True)
+        tree = LexborHTMLParser(_flatten_deep(data, compiled), scripting=True)
     except SelectolaxError as e:  # pragma: no cover - lexbor only fails on allocation
         raise RecordError("unparsable", f"HTML parser failed: {e}") from None
     root = tree.root
     if root is None:  # pragma: no cover
         return ""
-    if tree.head is not None:
-        tree.head.decompose(recursive=False)
+    head = tree.head
+    if compiled and _C is not None:
+        text, done, rare = _C.walk(root.mem_id, 0 if head is None else head.mem_id)
+        return text if done else _normalize_collapsed(text, rare)
+    if head is not None:
+        head.decompose(recursive=False)
+    return normalize_text(_walk(tree, root))
+
+
+def _walk(tree: LexborHTMLParser, root: LexborNode) -> str:
+    """The reference walk: drops what is not visible main text from the tree, spaces blocks, gives
+    ``root.text()``.  ``_html_walk.c`` does the same lexbor calls in the same order."""
     kinds, cands, mains, articles, verdict = _KIND, [], [], [], _attr_verdict
     ins_before, ins_after, main_id = _INS_BEFORE, _INS_AFTER, _TAG["main"]
     for n in tree.css("*"):  # one C walk; per element a dict lookup on its static tag id
@@ -488,7 +512,52 @@ def _html_text(data: bytes) -> str:
             and f.css_first("h1,h2,main,article") is None
         ):  # (no html ancestor: inside a dropped element)
             f.decompose(recursive=False)
-    return normalize_text(root.text())
+    return root.text()
+
+
+def _load_c_walk():
+    """The ``_html_walk`` module, set up on this selectolax's lexbor; None where it was not built (no C compiler
+    at install), where ``STREAMDEDUP_HTML_WALK=python``, or where this lexbor does not fit it."""
+    if os.environ.get("STREAMDEDUP_HTML_WALK", "").lower() == "python":
+        return None
+    try:
+        from streamdedup.fingerprinting import _html_walk  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    import selectolax.lexbor
+
+    probe1, probe2 = b"streamdedup probe " * 61, b"another probe " * 37  # (odd lengths: 1098, 518)
+    texts = []
+    for probe in (probe1, probe2):  # (a node keeps its parser, and so its document, alive)
+        p = LexborHTMLParser(b"<p>" + probe + b"</p>").css_first("p")
+        text = None if p is None else p.first_child
+        if text is None or text.text() != probe.decode():  # pragma: no cover - another lexbor
+            return None
+        texts.append(text)
+    kinds, wrappers = bytearray(max(_KIND) + 1), bytearray(max(_KIND) + 1)
+    for t, k in _KIND.items():
+        kinds[t] = k
+    for t in _WRAPPER_IDS:
+        wrappers[t] = 1
+    ids = (texts[0].tag_id, *(_TAG[t] for t in ("html", "body", "main", "article", "form", "header", "h1", "h2")))
+    words = (_ROLES, _BOILER_PARTS, _BOILER_WHOLE, _STATE, _STATE_LAST, _HEADER_PREFIXES, _HEADER_SUFFIXES)
+    try:
+        _html_walk.init(
+            selectolax.lexbor.__file__,
+            *(texts[0].mem_id, probe1, texts[1].mem_id, probe2),
+            bytes(kinds),
+            bytes(wrappers),
+            ids,
+            tuple(tuple(w) for w in words),
+            _attr_verdict,
+            _boiler_key,
+        )
+    except ImportError:
+        return None
+    return _html_walk
+
+
+_C = _load_c_walk()
 
 
 def visible_text(content: str | bytes, content_type: str | None = None, charset: str | None = None) -> str:

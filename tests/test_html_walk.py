@@ -1,0 +1,213 @@
+"""The visible-text walk in C (streamdedup/fingerprinting/_html_walk.c) against the walk in Python.
+
+text.py's Python walk is the reference, and the one ``pip install`` gives where no C compiler is found;
+the C walk must give the same text bit for bit (the fingerprints of every stored page depend on it), on
+real pages, on a grid of every kind of element and attribute in every context the rules look at, and on
+hypothesis soups of the same parts, whitespace, entities, controls and non-ASCII text.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from streamdedup.fingerprinting import text as T
+
+DATA = Path(__file__).parent / "data" / "html"
+
+
+def test_the_c_walk_is_built():
+    # `make install` builds it (setup.py); a test run without it would test the Python walk twice.
+    assert T._C is not None, (
+        "streamdedup/fingerprinting/_html_walk.c was not built: install a C compiler (gcc) and run "
+        "`pip install -e .` again (STREAMDEDUP_HTML_WALK=python also turns it off)"
+    )
+
+
+def both(html: str | bytes) -> tuple[str, str]:
+    data = html.encode("utf-8", "surrogatepass") if isinstance(html, str) else html
+    return T._html_text(data, compiled=True), T._html_text(data, compiled=False)
+
+
+def same(html: str | bytes) -> str:
+    c, py = both(html)
+    assert c == py, f"C and Python walks differ on {html[:300]!r}"
+    return c
+
+
+# ---------------------------------------------------------------- the parts the rules look at
+BLOCK = ["div", "p", "section", "li", "td", "table", "center", "ul", "h1", "h2", "pre", "br", "hr", "search"]
+DROPPED = ["script", "style", "noscript", "template", "svg", "math", "iframe", "object", "button", "select",
+           "textarea", "dialog", "rp", "title", "head"]  # fmt: skip
+SEMANTIC = ["nav", "aside", "footer", "header", "form"]
+ANCHOR = ["main", "article"]
+INSPECTED_INLINE = ["span", "ins", "small", "label"]
+INLINE = ["a", "b", "em", "code", "abbr", "font"]
+CUSTOM = ["x-widget", "cookie-banner", "my-nav", "site-header", "nav-open", "x-\u212a", "x-na\u0131v", "a"]
+TAGS = BLOCK + DROPPED + SEMANTIC + ANCHOR + INSPECTED_INLINE + INLINE + CUSTOM
+
+CLASS = ["", "nav", "NAV", "main-nav", "sidebar", "has-sidebar", "nav-open", "menu-item-42", "site-header",
+         "header-anchor", "page_header_wrap", "top-header", "header-top", "headerx", "ad", "ad-slot", "ads",
+         "download", "shadow", "sr-only", "Breadcrumbs", "cookie consent", "content", "x" * 81, "---", "is-nav",
+         "na\u212av", "nav\u00a0menu", "\u0130nav", "foot\u212ar", "menu\x1cmain", "a\x0bnav"]  # fmt: skip
+ROLE = [None, "", "main", "MAIN", "navigation", "banner search", " contentinfo ", "presentation", "m\u0430in",
+        "\u212aain", "menu\x1f"]  # fmt: skip
+HIDDEN = [None, "", "until-found", "UNTIL-FOUND", "until-found ", "hidden"]
+ARIA = [None, "true", " TRUE\x1c", "false", "tru\u0435", "\u00a0true"]
+STYLE = [None, "display:none", "DISPLAY : NONE", "visibility:\thidden", "display:\u00a0none",
+         "color:red;display:\x1cnone", "display: block", "visibility: hiddenx", "displaynone", "display:\u017fnone"]  # fmt: skip
+
+
+def attrs(cls=None, role=None, hidden=None, aria=None, style=None, id_=None) -> str:
+    out = []
+    for name, value in (("class", cls), ("role", role), ("hidden", hidden), ("aria-hidden", aria),
+                        ("style", style), ("id", id_)):  # fmt: skip
+        if value is None:
+            continue
+        out.append(f' {name}="{value}"' if value != "" or name != "hidden" else f" {name}")
+    return "".join(out)
+
+
+def test_real_pages():
+    for path in sorted(DATA.glob("*.html")):
+        assert same(path.read_bytes())
+
+
+def test_golden_like_snippets():
+    for html in [
+        "<p>a</p><p>b<b>c</b>d &amp; e</p><nav>menu</nav><script>x()</script>",
+        "<article><header><h1>Title</h1></header><p>body</p></article><header>site</header>",
+        "<form><main><h1>wrapped</h1>" + "<p>text</p>" * 50 + "</main></form>",
+        "<form>search <input></form><p>after</p>",
+        "<div class=sidebar>" + "word " * 200 + "</div><p>short</p>",
+        "<div class=nav>" + "word " * 200 + "</div>" + "<p>" + "long " * 400 + "</p>",
+        "<object><main>hidden anchor</main></object><div class=nav>n</div><p>t</p>",
+        "<svg><article>in svg</article></svg><aside>x</aside>",
+        "<nav><main>main in nav</main></nav><p>p</p>",
+        "<div role=main><div class=ad>ad</div>text</div>",
+        "<ul><li>one<li>two</ul>\t\r\n\u00a0\u00a0end\x0b\x1c",
+        "<p>\u2026 \ufb01 e\u0301 \u200b \ue000 \u00ad x</p>",
+        "<p>&nbsp;&#xA0;&#128;&#0;&#xD800;&lt;b&gt;</p>",
+        "",
+        "<html><head><title>t</title></head></html>",
+        "<cookie-banner>c</cookie-banner><x-widget>w</x-widget>",
+    ]:
+        same(html)
+
+
+CONTEXTS = ["{}", "<main>{}</main>", "<article>{}</article>", "<nav>{}</nav>", "<form>{}</form>",
+            "<div class=content>{}</div><p>" + "filler " * 120 + "</p>"]  # fmt: skip
+
+
+def test_grid_of_elements_attributes_and_contexts():
+    # every element kind x every value of each attribute the rules read, in every context
+    inner = "<p>inner text</p> tail"
+    cases = []
+    for tag, ctx in itertools.product(TAGS, CONTEXTS):
+        for kw in (
+            *({"cls": c} for c in CLASS),
+            *({"role": r} for r in ROLE),
+            *({"hidden": h} for h in HIDDEN),
+            *({"aria": a} for a in ARIA),
+            *({"style": s} for s in STYLE),
+            {"id_": "main-nav"},
+            {"id_": "menu item"},
+            {"id_": "N\u212aV"},
+        ):
+            cases.append(ctx.format(f"<{tag}{attrs(**kw)}>{inner}</{tag}>"))
+    for html in cases:
+        same(html)
+    assert len(cases) > 5000
+
+
+def test_the_half_page_rule_and_form_sizes():
+    for n in (0, 100, 499, 501, 999, 1001, 2000):
+        word = "w" * n
+        same(f"<div class=nav>{word}</div><p>{'x' * 700}</p>")
+        same(f"<table class=sidebar><tr><td>{word}</td></tr></table>{'y' * 600}")
+        same(f"<form>{word}</form><form><h2>t</h2>{word}</form><form><article>a</article></form>")
+    for rest in (596, 597, 598, 599, 600):  # the wrapper at, under and over half the page's text
+        same(f"<div class=nav>{'a' * 600}</div>{'b' * rest}")
+    assert "a" * 600 in same(f"<div class=nav>{'a' * 600}</div>{'b' * 597}")  # 600 * 2 > 1199: kept
+    assert "a" * 600 not in same(f"<div class=nav>{'a' * 600}</div>{'b' * 598}")  # 600 * 2 = 1200: dropped
+
+
+# ---------------------------------------------------------------- hypothesis soups
+WORDS = st.sampled_from(["word", "Text", "caf\u00e9", "\u2026", "\ufb01", "e\u0301", "\u200b", "\ue000", "\u00ad",
+                         "\u4e2d\u6587", "&amp;", "&nbsp;", "&#xA0;", "&#128;", "&lt;", "1 < 2", "x" * 600])  # fmt: skip
+SPACE = st.sampled_from([" ", "", "\n", "\t", "\r\n", "\u00a0", "\x0b", "\x0c", "\x1c", "\x01", "\x7f", "  "])
+ATTRS = st.builds(
+    attrs,
+    cls=st.sampled_from([None, *CLASS]),
+    role=st.sampled_from(ROLE),
+    hidden=st.sampled_from(HIDDEN),
+    aria=st.sampled_from(ARIA),
+    style=st.sampled_from(STYLE),
+    id_=st.sampled_from([None, "nav", "content", "Sidebar", "x\u212a"]),
+)
+TEXT = st.lists(st.tuples(WORDS, SPACE), max_size=6).map(lambda ws: "".join(w + s for w, s in ws))
+
+
+def element(children):
+    return st.builds(
+        lambda tag, a, kids, close: f"<{tag}{a}>{''.join(kids)}" + (f"</{tag}>" if close else ""),
+        st.sampled_from(TAGS + ["html", "body", "tr", "table", "frameset"]),
+        ATTRS,
+        st.lists(children, max_size=4),
+        st.booleans(),
+    )
+
+
+SOUP = st.recursive(TEXT, element, max_leaves=40)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.lists(SOUP, min_size=1, max_size=5).map("".join))
+def test_soups_give_the_same_text(html):
+    same(html)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(SOUP.map(lambda s: s.encode("utf-8", "surrogatepass")), st.binary(max_size=40)), max_size=6))
+def test_soups_with_bytes_that_are_not_utf8(parts):
+    same(b"".join(parts))
+
+
+# ---------------------------------------------------------------- the word rules and the nesting check
+TOKEN = st.text(st.sampled_from("abcdefghijklmnopqrstuvwxyzNAVHEDR0123456789-_ \u212a\u0130"), max_size=30)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.one_of(TOKEN, st.sampled_from(sorted(T._BOILER_PARTS | T._BOILER_WHOLE)), st.sampled_from(CLASS)))
+def test_boiler_key_in_c(token):
+    if not token.isascii():
+        return  # (the C walk hands non-ASCII tokens to text.py's own _boiler_key)
+    assert T._C.boiler_key(token.encode()) == (T._boiler_key(token) is not None)
+
+
+NESTINGS = [
+    b"<div>" * 5000 + b"</div>" * 5000 + b"<p>" * 4000,
+    b"<div>" * 4001 + b"x" * 60_000,
+    b"<div>" * 4000 + b"<span>" * 5000,
+    b"<DIV\t>" * 4500 + b"<dl>" * 4000,
+    b"</div>" * 9000 + b"<div>" * 100,
+    b"<ul>" * 3999 + b"<p>" * 5000,
+    b"<ul>" * 3999 + b"<ol>" * 2 + b"<p>" * 5000,
+    b"<" * 70_000,
+    b"<section id=a>" * 8000,
+    b"<di>" * 9000,
+    b"<main><p>" * 4500,
+]
+
+
+def test_the_nesting_check_in_c():
+    flattened = []
+    for html in NESTINGS:
+        html = html + b" " * max(0, 60_000 - len(html))
+        c = T._flatten_deep(html, compiled=True)
+        assert c == T._flatten_deep(html, compiled=False)
+        flattened.append(c is not html)
+    assert any(flattened) and not all(flattened)  # (the cases straddle the limits)
