@@ -123,6 +123,21 @@ def test_grid_of_elements_attributes_and_contexts():
     assert len(cases) > 5000
 
 
+def test_node_fields_read_directly_or_by_lexbors_functions():
+    # init finds where lexbor keeps a node's links, tag id and type (checked against lexbor's own
+    # accessor functions on a sample tree); either way of reading them gives the same text
+    assert T._C.direct_fields(), "lexbor's node layout was not found: the walk reads fields by function calls"
+    pages = [p.read_bytes() for p in sorted(DATA.glob("*.html"))]
+    pages += [ctx.format(f"<{t} class=nav>x</{t}><p>y</p>") for t in TAGS for ctx in CONTEXTS]
+    direct = [T._html_text(p if isinstance(p, bytes) else p.encode()) for p in pages]
+    try:
+        assert not T._C.direct_fields(False)
+        by_calls = [T._html_text(p if isinstance(p, bytes) else p.encode()) for p in pages]
+    finally:
+        assert T._C.direct_fields(True)
+    assert direct == by_calls
+
+
 def test_the_half_page_rule_and_form_sizes():
     for n in (0, 100, 499, 501, 999, 1001, 2000):
         word = "w" * n

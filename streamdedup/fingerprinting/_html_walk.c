@@ -8,8 +8,9 @@
  *
  * No lexbor headers: the functions are looked up by name in selectolax's own extension module (which
  * exports lexbor's API), so the walk runs on the very lexbor that parsed the page; nodes stay opaque
- * pointers.  The one field read directly, a text node's data, is found at `init` by probing a text node
- * of known content.  The word lists and tag ids come from text.py at `init`; attribute values and tag
+ * pointers.  Where a field is read directly it was found at `init`: a text node's data by probing text
+ * nodes of known content, a node's links, tag id and type by comparing a sample tree's memory with what
+ * lexbor's accessor functions say (used only where every node of the sample agrees at one offset).  The word lists and tag ids come from text.py at `init`; attribute values and tag
  * names that are not ASCII go back to text.py's own functions (their `lower()` and `split()` are
  * Unicode's).
  *
@@ -27,11 +28,12 @@ typedef struct lxb_node node_t; /* lexbor's lxb_dom_node_t, never dereferenced h
 typedef struct lxb_attr attr_t;
 typedef unsigned char uchar;
 
-static node_t *(*lx_first_child)(node_t *);
-static node_t *(*lx_next)(node_t *);
-static node_t *(*lx_parent)(node_t *);
-static uintptr_t (*lx_tag_id)(node_t *);
-static int (*lx_type)(node_t *);
+static node_t *(*noi_first_child)(node_t *);
+static node_t *(*noi_next)(node_t *);
+static node_t *(*noi_prev)(node_t *);
+static node_t *(*noi_parent)(node_t *);
+static uintptr_t (*noi_tag_id)(node_t *);
+static int (*noi_type)(node_t *);
 static attr_t *(*lx_first_attr)(node_t *);
 static attr_t *(*lx_next_attr)(attr_t *);
 static const uchar *(*lx_attr_name)(attr_t *, size_t *);
@@ -45,6 +47,28 @@ static void (*lx_insert_after)(node_t *, node_t *);
 static Py_ssize_t text_offset = -1; /* where a text node holds its lexbor_str_t {data, length} */
 #define NODE_ELEMENT 1
 
+/* A node's links, tag id and type: read from the node where `init` found (and checked, on a sample
+ * tree, against lexbor's own accessor functions) where lexbor keeps them, else by those functions. */
+static int direct;
+static Py_ssize_t off_first_child, off_next, off_prev, off_parent, off_tag_id, off_type;
+
+static inline void *field(node_t *n, Py_ssize_t off) {
+    void *p;
+    memcpy(&p, (const char *)n + off, sizeof(p));
+    return p;
+}
+static inline node_t *lx_first_child(node_t *n) { return direct ? field(n, off_first_child) : noi_first_child(n); }
+static inline node_t *lx_next(node_t *n) { return direct ? field(n, off_next) : noi_next(n); }
+static inline node_t *lx_prev(node_t *n) { return direct ? field(n, off_prev) : noi_prev(n); }
+static inline node_t *lx_parent(node_t *n) { return direct ? field(n, off_parent) : noi_parent(n); }
+static inline uintptr_t lx_tag_id(node_t *n) { return direct ? (uintptr_t)field(n, off_tag_id) : noi_tag_id(n); }
+static inline int lx_type(node_t *n) {
+    int t;
+    if (!direct) return noi_type(n);
+    memcpy(&t, (const char *)n + off_type, sizeof(t));
+    return t;
+}
+
 /* ---------------------------------------------------------------- configuration from text.py */
 static uchar *kinds;      /* tag id -> 0 inline, 1 block, 2 always dropped, 3 semantic, 4 article/main, 5 inspected */
 static uchar *wrappers;   /* tag id -> 1 for the wrappers that never take half the page */
@@ -56,17 +80,26 @@ typedef struct {
     Py_ssize_t n;
     char **words;
     size_t *lens;
+    int16_t table[256]; /* word index + 1 by hash, open addressing; 0 empty */
     uint64_t len_mask;   /* bit n: a word of n bytes is in the set (n < 64) */
     uint64_t first[4];   /* bit c: a word starts with byte c */
 } wordset;
 static wordset W_ROLES, W_PARTS, W_WHOLE, W_STATE, W_STATE_LAST, W_HPRE, W_HSUF;
 
+static unsigned word_hash(const char *w, size_t n) {
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++) h = (h ^ (uchar)w[i]) * 16777619u;
+    return (h ^ (h >> 8)) & 255;
+}
+
 static int in_set(const wordset *s, const char *w, size_t n) {
     uchar c = n ? (uchar)w[0] : 0;
     if (n >= 64 || !((s->len_mask >> n) & 1) || !((s->first[c >> 6] >> (c & 63)) & 1)) return 0;
-    for (Py_ssize_t i = 0; i < s->n; i++)
+    for (unsigned h = word_hash(w, n);; h = (h + 1) & 255) {
+        int i = s->table[h] - 1;
+        if (i < 0) return 0;
         if (s->lens[i] == n && memcmp(s->words[i], w, n) == 0) return 1;
-    return 0;
+    }
 }
 
 static int load_set(wordset *s, PyObject *seq) {
@@ -95,6 +128,14 @@ static int load_set(wordset *s, PyObject *seq) {
             PyErr_SetString(PyExc_ValueError, "words of 1 to 63 bytes expected");
             return -1;
         }
+        if (i >= 200) {
+            Py_DECREF(fast);
+            PyErr_SetString(PyExc_ValueError, "at most 200 words a list");
+            return -1;
+        }
+        unsigned h = word_hash(u, (size_t)len);
+        while (s->table[h]) h = (h + 1) & 255;
+        s->table[h] = (int16_t)(i + 1);
         s->len_mask |= 1ull << len;
         s->first[(uchar)u[0] >> 6] |= 1ull << ((uchar)u[0] & 63);
     }
@@ -396,7 +437,6 @@ static PyObject *attr_dict(node_t *el) {
 /* _attr_verdict(n.attributes): 0 keep, 1 boilerplate/hidden, 2 role=main; -1 error; -2 no attributes. */
 static int verdict(node_t *el) {
     enum { ROLE, CLASS, ID, HIDDEN, ARIA, STYLE, N_ATTRS };
-    static const char *const names[N_ATTRS] = {"role", "class", "id", "hidden", "aria-hidden", "style"};
     attr_val at[N_ATTRS];
     for (int i = 0; i < N_ATTRS; i++) at[i].set = 0, at[i].n = 0, at[i].v = NULL;
     int any = 0, plain = 1;
@@ -404,11 +444,18 @@ static int verdict(node_t *el) {
         size_t kl = 0, vl = 0;
         const uchar *k = lx_attr_name(a, &kl);
         any = 1;
-        for (int i = 0; k && i < N_ATTRS; i++)
-            if (kl == strlen(names[i]) && memcmp(k, names[i], kl) == 0) {
-                const uchar *v = lx_attr_value(a, &vl);
-                at[i] = (attr_val){v, v ? vl : 0, v ? 2 : 1};
+        int i = -1;
+        if (k) switch (kl) { /* (the names the rules read, by length first) */
+            case 2: i = memcmp(k, "id", 2) ? -1 : ID; break;
+            case 4: i = memcmp(k, "role", 4) ? -1 : ROLE; break;
+            case 5: i = !memcmp(k, "class", 5) ? CLASS : !memcmp(k, "style", 5) ? STYLE : -1; break;
+            case 6: i = memcmp(k, "hidden", 6) ? -1 : HIDDEN; break;
+            case 11: i = memcmp(k, "aria-hidden", 11) ? -1 : ARIA; break;
             }
+        if (i >= 0) {
+            const uchar *v = lx_attr_value(a, &vl);
+            at[i] = (attr_val){v, v ? vl : 0, v ? 2 : 1};
+        }
     }
     if (!any) return -2;
     for (int i = 0; i < N_ATTRS; i++)
@@ -485,8 +532,22 @@ static PyObject *collapse(buf *s) {
     rare_bytes.n = 0;
     if (put(&rare_bytes, NULL, n_in) < 0) return NULL; /* room for every byte; filled below */
     uchar *rb = rare_bytes.b;
-    for (size_t r = 0; r < n_in; r++) { /* branch-free but for C2 */
-        uchar c = b[r];
+    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull, lows = 0x7f7f7f7f7f7f7f7full;
+    for (size_t r = 0; r < n_in; r++) {
+        while (r + 8 <= n_in) { /* 8 bytes of printable ASCII, no two spaces together: as they are */
+            uint64_t x, sp;
+            memcpy(&x, b + r, 8);
+            uint64_t v = x ^ (ones * ' '), del = x ^ (ones * 0x7f);
+            if ((x | ((x - ones * 0x20) & ~x) | ((del - ones) & ~del)) & highs) break; /* >= 0x80, < 0x20, 0x7f */
+            sp = ~(((v & lows) + lows) | v) & highs; /* the high bit of each space byte */
+            if (sp & ((sp << 8) | (uint64_t)(prev == ' ') << 7)) break;
+            memmove(b + w, b + r, 8);
+            w += 8;
+            r += 8;
+            prev = (uchar)(x >> 56);
+        }
+        if (r >= n_in) break;
+        uchar c = b[r]; /* one byte, branch-free but for C2 */
         unsigned k = byte_class[c];
         if (k & 4 && r + 1 < n_in && b[r + 1] == 0xA0) {
             r++;
@@ -668,30 +729,50 @@ static int cmp_key(const void *a, const void *b) {
 
 /* nesting(data, keys) -> (data.count(b"<"), the deepest nesting of the tags whose 3-byte key is in keys,
  * or 0 if none): the numpy computation of text.py's _flatten_deep in one pass. */
-static PyObject *nesting(PyObject *self, PyObject *args) {
-    Py_buffer data;
-    PyObject *keys_obj;
-    if (!PyArg_ParseTuple(args, "y*O", &data, &keys_obj)) return NULL;
+static PyObject *nesting_keys; /* the keys last given, and what was made of them: */
+static long *sorted_keys;
+static Py_ssize_t n_keys;
+static uint64_t key_heads[1024]; /* a bit per key >> 8 (its first two bytes) */
+
+static int load_keys(PyObject *keys_obj) {
+    if (keys_obj == nesting_keys) return 0;
     PyObject *fast = PySequence_Fast(keys_obj, "keys: a sequence of int");
-    if (!fast) {
-        PyBuffer_Release(&data);
-        return NULL;
-    }
+    if (!fast) return -1;
     Py_ssize_t nk = PySequence_Fast_GET_SIZE(fast);
     long *keys = PyMem_Malloc((nk ? nk : 1) * sizeof(long));
     if (!keys) {
         Py_DECREF(fast);
-        PyBuffer_Release(&data);
-        return PyErr_NoMemory();
+        PyErr_NoMemory();
+        return -1;
     }
     for (Py_ssize_t i = 0; i < nk; i++) keys[i] = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
     Py_DECREF(fast);
-    if (PyErr_Occurred()) {
-        PyMem_Free(keys);
+    for (Py_ssize_t i = 0; i < nk; i++)
+        if (keys[i] < 0 || keys[i] >= (1L << 24)) {
+            PyMem_Free(keys);
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "keys are 3-byte ints");
+            return -1;
+        }
+    qsort(keys, nk, sizeof(long), cmp_key);
+    memset(key_heads, 0, sizeof(key_heads));
+    for (Py_ssize_t i = 0; i < nk; i++) key_heads[keys[i] >> 14] |= 1ull << ((keys[i] >> 8) & 63);
+    PyMem_Free(sorted_keys);
+    sorted_keys = keys;
+    n_keys = nk;
+    Py_XSETREF(nesting_keys, Py_NewRef(keys_obj));
+    return 0;
+}
+
+/* nesting(data, keys) -> (data.count(b"<"), the deepest nesting of the tags whose 3-byte key is in keys,
+ * or 0 if none): the numpy computation of text.py's _flatten_deep in one pass. */
+static PyObject *nesting(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    PyObject *keys_obj;
+    if (!PyArg_ParseTuple(args, "y*O", &data, &keys_obj)) return NULL;
+    if (load_keys(keys_obj) < 0) {
         PyBuffer_Release(&data);
         return NULL;
     }
-    qsort(keys, nk, sizeof(long), cmp_key);
     const uchar *a = data.buf;
     Py_ssize_t n = data.len, count = 0;
     long depth = 0, deepest = LONG_MIN;
@@ -702,11 +783,11 @@ static PyObject *nesting(PyObject *self, PyObject *args) {
         int close = a[lt + 1] == '/';
         Py_ssize_t s0 = lt + 1 + close;
         long key = (long)(a[s0] | 32) << 16 | (long)(a[s0 + 1] | 32) << 8 | (a[s0 + 2] | 32);
-        if (!bsearch(&key, keys, nk, sizeof(long), cmp_key)) continue;
+        if (!((key_heads[key >> 14] >> ((key >> 8) & 63)) & 1)) continue;
+        if (!bsearch(&key, sorted_keys, n_keys, sizeof(long), cmp_key)) continue;
         depth += close ? -1 : 1;
         if (depth > deepest) deepest = depth;
     }
-    PyMem_Free(keys);
     PyBuffer_Release(&data);
     return Py_BuildValue("(nl)", count, deepest == LONG_MIN ? 0L : deepest);
 }
@@ -731,12 +812,84 @@ static Py_ssize_t probe_offset(node_t *t, const uchar *want, size_t n) {
     return -1;
 }
 
+/* The one offset (a multiple of `step`, below 128) at which every sample node holds what `want` gives. */
+static Py_ssize_t find_offset(nodes *sample, uintptr_t (*want)(node_t *), Py_ssize_t step, int as_int) {
+    Py_ssize_t found = -1;
+    for (Py_ssize_t off = 0; off + (Py_ssize_t)sizeof(void *) <= 128; off += step) {
+        int all = 1;
+        for (Py_ssize_t i = 0; all && i < sample->n; i++) {
+            node_t *n = sample->a[i];
+            uintptr_t v;
+            if (as_int) {
+                int t;
+                memcpy(&t, (const char *)n + off, sizeof(t));
+                v = (uintptr_t)(unsigned)t;
+            } else
+                memcpy(&v, (const char *)n + off, sizeof(v));
+            all = v == want(n);
+        }
+        if (all) {
+            if (found >= 0) return -1; /* not unique: the sample cannot tell */
+            found = off;
+        }
+    }
+    return found;
+}
+static uintptr_t want_first_child(node_t *n) { return (uintptr_t)noi_first_child(n); }
+static uintptr_t want_next(node_t *n) { return (uintptr_t)noi_next(n); }
+static uintptr_t want_prev(node_t *n) { return (uintptr_t)noi_prev(n); }
+static uintptr_t want_parent(node_t *n) { return (uintptr_t)noi_parent(n); }
+static uintptr_t want_tag_id(node_t *n) { return noi_tag_id(n); }
+static uintptr_t want_type(node_t *n) { return (uintptr_t)(unsigned)noi_type(n); }
+
+/* Finds the node fields on a sample tree (every node under `root`, by lexbor's functions). */
+static void find_fields(node_t *root) {
+    nodes sample = {0};
+    node_t *n = root;
+    direct = 0;
+    for (;;) {
+        if (push(&sample, n) < 0) {
+            PyErr_Clear();
+            break;
+        }
+        node_t *c = noi_first_child(n);
+        if (c) {
+            n = c;
+            continue;
+        }
+        while (n != root && !noi_next(n)) n = noi_parent(n);
+        if (n == root) break;
+        n = noi_next(n);
+    }
+    if (sample.n >= 8) {
+        off_first_child = find_offset(&sample, want_first_child, sizeof(void *), 0);
+        off_next = find_offset(&sample, want_next, sizeof(void *), 0);
+        off_prev = find_offset(&sample, want_prev, sizeof(void *), 0);
+        off_parent = find_offset(&sample, want_parent, sizeof(void *), 0);
+        off_tag_id = find_offset(&sample, want_tag_id, sizeof(void *), 0);
+        off_type = find_offset(&sample, want_type, sizeof(int), 1);
+        direct = off_first_child >= 0 && off_next >= 0 && off_prev >= 0 && off_parent >= 0 && off_tag_id >= 0 &&
+                 off_type >= 0;
+    }
+    PyMem_Free(sample.a);
+}
+
+static int fields_found;
+
+/* direct_fields([on]) -> whether the walk reads node fields directly (found at init); `on`: switch. */
+static PyObject *direct_fields(PyObject *self, PyObject *args) {
+    int on = -1;
+    if (!PyArg_ParseTuple(args, "|p", &on)) return NULL;
+    if (on >= 0) direct = on && fields_found;
+    return PyBool_FromLong(direct);
+}
+
 static PyObject *init(PyObject *self, PyObject *args) {
     const char *so_path;
-    unsigned long long probe1, probe2;
+    unsigned long long probe1, probe2, sample;
     Py_buffer want1, want2, kind_table, wrapper_table;
     PyObject *ids, *sets, *verdict_fn, *boiler_fn;
-    if (!PyArg_ParseTuple(args, "sKy*Ky*y*y*OOOO", &so_path, &probe1, &want1, &probe2, &want2, &kind_table,
+    if (!PyArg_ParseTuple(args, "sKy*Ky*Ky*y*OOOO", &so_path, &probe1, &want1, &probe2, &want2, &sample, &kind_table,
                           &wrapper_table, &ids, &sets, &verdict_fn, &boiler_fn))
         return NULL;
     PyObject *ok = NULL;
@@ -749,11 +902,12 @@ static PyObject *init(PyObject *self, PyObject *args) {
         void **fn;
         const char *name;
     } fns[] = {
-        {(void **)&lx_first_child, "lxb_dom_node_first_child_noi"},
-        {(void **)&lx_next, "lxb_dom_node_next_noi"},
-        {(void **)&lx_parent, "lxb_dom_node_parent_noi"},
-        {(void **)&lx_tag_id, "lxb_dom_node_tag_id_noi"},
-        {(void **)&lx_type, "lxb_dom_node_type_noi"},
+        {(void **)&noi_first_child, "lxb_dom_node_first_child_noi"},
+        {(void **)&noi_next, "lxb_dom_node_next_noi"},
+        {(void **)&noi_prev, "lxb_dom_node_prev_noi"},
+        {(void **)&noi_parent, "lxb_dom_node_parent_noi"},
+        {(void **)&noi_tag_id, "lxb_dom_node_tag_id_noi"},
+        {(void **)&noi_type, "lxb_dom_node_type_noi"},
         {(void **)&lx_first_attr, "lxb_dom_element_first_attribute_noi"},
         {(void **)&lx_next_attr, "lxb_dom_element_next_attribute_noi"},
         {(void **)&lx_attr_name, "lxb_dom_attr_qualified_name"},
@@ -766,6 +920,8 @@ static PyObject *init(PyObject *self, PyObject *args) {
     };
     for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++)
         if (look_up(so, fns[i].fn, fns[i].name) < 0) goto out;
+    find_fields((node_t *)(uintptr_t)sample);
+    fields_found = direct;
     Py_ssize_t off = probe_offset((node_t *)(uintptr_t)probe1, want1.buf, (size_t)want1.len);
     if (off < 0 || probe_offset((node_t *)(uintptr_t)probe2, want2.buf, (size_t)want2.len) != off) {
         PyErr_SetString(PyExc_ImportError, "could not find where lexbor keeps a text node's data");
@@ -824,9 +980,10 @@ static PyObject *py_boiler(PyObject *self, PyObject *arg) {
 }
 
 static PyMethodDef methods[] = {
-    {"init", init, METH_VARARGS, "init(so_path, probe1, bytes1, probe2, bytes2, kinds, wrappers, ids, words, verdict, boiler_key)"},
+    {"init", init, METH_VARARGS, "init(so_path, probe1, bytes1, probe2, bytes2, sample_root, kinds, wrappers, ids, words, verdict, boiler_key)"},
     {"walk", walk, METH_VARARGS, "walk(root_mem_id, head_mem_id) -> (text, done, rare): see collapse()"},
     {"nesting", nesting, METH_VARARGS, "nesting(data, keys) -> (count of '<', deepest nesting of those tags)"},
+    {"direct_fields", direct_fields, METH_VARARGS, "direct_fields([on]) -> bool: node fields read directly"},
     {"boiler_key", py_boiler, METH_O, "boiler_key(token: bytes) -> bool, text.py's _boiler_key(token) is not None"},
     {NULL, NULL, 0, NULL},
 };

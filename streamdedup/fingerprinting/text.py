@@ -126,7 +126,6 @@ _MAGIC = (
     b"\x00\x00\x01\x00",
 )
 _CTRL = bytes(range(0, 9)) + b"\x0b" + bytes(range(0x0E, 0x1B)) + bytes(range(0x1C, 0x20)) + b"\x7f"
-_CTRL_RE = re.compile("[\x00-\x08\x0b\x0e-\x1a\x1c-\x1f\x7f]")
 _BOMS = ((b"\xef\xbb\xbf", "utf-8"), (b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be"))
 _META = re.compile(
     rb"<meta[^>]*?charset\s*=\s*[\"']?\s*([a-z0-9_.:\-]+)"
@@ -213,7 +212,8 @@ def _codec(label: str | None) -> str | None:
 
 def _check_text(text: str) -> str:
     sample = text[:4096]
-    n = len(_CTRL_RE.findall(sample))
+    b = sample.encode("utf-8", "surrogatepass")  # (a control is one byte, and no other character has one < 0x80)
+    n = len(b) - len(b.translate(None, _CTRL))
     if n > 2 and n * 20 > len(sample):
         raise RecordError("binary", f"{n} control characters in the first {len(sample)} characters")
     if not text or text.isspace():
@@ -406,7 +406,7 @@ except (TypeError, KeyError, AttributeError):  # pragma: no cover - other select
 def _flatten_deep(data: bytes, compiled: bool = True) -> bytes:
     if len(data) < 60_000:
         return data
-    if compiled and _C is not None:  # (the same count and depth as below, in C)
+    if compiled and _C is not None:  # (the same count and depth as below, in C, in one pass)
         count, deepest = _C.nesting(data, _NESTING_KEYS)
         return _NESTING_RE.sub(b" ", data) if count >= 8000 and deepest > 4000 else data
     if data.count(b"<") < 8000:  # depth < 12000 costs lexbor < 0.2 s
@@ -534,6 +534,12 @@ def _load_c_walk():
         if text is None or text.text() != probe.decode():  # pragma: no cover - another lexbor
             return None
         texts.append(text)
+    sample = LexborHTMLParser(  # (where lexbor keeps a node's links: found on this tree, checked on all of it)
+        b"<!doctype html><title>t</title><body><!-- c --><div id=a><p>x<b>y</b>z</p><p>w</p>t<br></div>"
+        b"<ul><li>1<li>2<!-- d --><li><span>3</span></ul><svg><g><rect/></g></svg><table><tr><td>c</table>"
+    ).root
+    if sample is None:  # pragma: no cover
+        return None
     kinds, wrappers = bytearray(max(_KIND) + 1), bytearray(max(_KIND) + 1)
     for t, k in _KIND.items():
         kinds[t] = k
@@ -545,6 +551,7 @@ def _load_c_walk():
         _html_walk.init(
             selectolax.lexbor.__file__,
             *(texts[0].mem_id, probe1, texts[1].mem_id, probe2),
+            sample.mem_id,
             bytes(kinds),
             bytes(wrappers),
             ids,
