@@ -187,3 +187,62 @@ def test_a_hostile_record_in_a_batch_fails_alone():
     assert [(i, reason) for i, reason, _ in failed] == [(1, "empty"), (2, "empty")]  # positions among the good
     assert len(fps) == 2 and len(set(fps.tolist())) == 2 and 0 not in fps.tolist()
     assert clusters == cluster_keys_texts(["alpha beta gamma", "delta epsilon"])  # aligned with fps
+
+
+# ---------------------------------------------------------------- orjson first, json where it differs
+JSON_VALUES = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(min_value=-(10**40), max_value=10**40),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.text(max_size=20),
+    ),
+    lambda kids: st.one_of(st.lists(kids, max_size=4), st.dictionaries(st.text(max_size=5), kids, max_size=4)),
+    max_leaves=12,
+)
+FIELDS = st.fixed_dictionaries(
+    {
+        "url": st.one_of(st.just("http://a/"), st.text(max_size=10)),
+        "content": st.one_of(st.just("<p>hi</p>"), st.text(max_size=30)),
+    },
+    optional={"id": JSON_VALUES, "content_type": st.one_of(st.none(), st.text(max_size=10)), "extra": JSON_VALUES},
+)
+
+
+def outcome(raw):
+    try:
+        return page_from_json(raw)
+    except RecordError as e:
+        return (e.reason, str(e))
+
+
+@given(
+    st.one_of(
+        FIELDS.map(lambda d: json.dumps(d, ensure_ascii=False).encode("utf-8", "surrogatepass")),
+        FIELDS.map(lambda d: json.dumps(d).encode()),
+        JSON_VALUES.map(lambda v: json.dumps(v).encode()),
+        st.binary(max_size=60),
+        st.sampled_from(
+            [
+                b'{"url": "u", "content": "c", "n": ' + b"9" * 30 + b"}",
+                b'\xef\xbb\xbf{"url": "u", "content": "c"}',
+                b'{"url": "u", "content": "c\\ud800"}',
+                b'{"url": "u", "content": "c", "x": NaN}',
+                b"  \n",
+                b'{"url": "u", "content": "c", "id": ' + b"1" * 25 + b"}",
+                b'{"url": "u", "content": "c", "n": -' + b"9" * 150 + b"}",
+            ]
+        ),
+    )
+)
+def test_records_read_by_orjson_are_read_as_by_json(raw):
+    import streamdedup.engine.records as records
+
+    with_orjson = outcome(raw)
+    saved, records.orjson = records.orjson, None
+    try:
+        assert records.orjson is None and outcome(raw) == with_orjson
+    finally:
+        records.orjson = saved
+    assert saved is not None  # (the test compares two ways of reading only while orjson is installed)
