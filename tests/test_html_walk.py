@@ -226,3 +226,24 @@ def test_the_nesting_check_in_c():
         assert c == T._flatten_deep(html, compiled=False)
         flattened.append(c is not html)
     assert any(flattened) and not all(flattened)  # (the cases straddle the limits)
+
+
+def test_walks_in_threads_at_once():
+    # A walk calls into text.py for non-ASCII attributes, and another thread may walk meanwhile:
+    # each must keep its own text.
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    pages = [
+        (f"<div class='na\u212av{i}'>{'x' * i}</div>" + f"<p class='c\u0130{i}'>text {i}</p>" * 20 + "é" * i).encode()
+        for i in range(200)
+    ]
+    want = [T._html_text(p, compiled=False) for p in pages]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(T._html_text, pages * 3))
+    finally:
+        sys.setswitchinterval(interval)
+    assert got == want * 3

@@ -522,16 +522,15 @@ static node_t *ancestor(node_t *n, const uintptr_t *stop, int nstop) {
 static uchar space_map[256];  /* \n \t \r -> space, any other byte itself */
 static uchar byte_class[256]; /* 1: >= 0x80, 2: a control but \n \t \r, 4: 0xC2 (maybe a C2 A0 pair) */
 static uchar is_rare[256];    /* not printable ASCII (nor a space) */
-static buf rare_bytes;
 
-static PyObject *collapse(buf *s) {
+static PyObject *collapse(buf *s, buf *rare_bytes) {
     uchar *b = s->b;
     size_t w = 0, n_in = s->n, nr = 0;
     unsigned flags = 0;
     uchar prev = 0;
-    rare_bytes.n = 0;
-    if (put(&rare_bytes, NULL, n_in) < 0) return NULL; /* room for every byte; filled below */
-    uchar *rb = rare_bytes.b;
+    rare_bytes->n = 0;
+    if (put(rare_bytes, NULL, n_in) < 0) return NULL; /* room for every byte; filled below */
+    uchar *rb = rare_bytes->b;
     const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull, lows = 0x7f7f7f7f7f7f7f7full;
     for (size_t r = 0; r < n_in; r++) {
         while (r + 8 <= n_in) { /* 8 bytes of printable ASCII, no two spaces together: as they are */
@@ -561,12 +560,12 @@ static PyObject *collapse(buf *s) {
         rb[nr] = m;
         nr += is_rare[m];
     }
-    rare_bytes.n = nr;
+    rare_bytes->n = nr;
     int ascii = !(flags & 1), printable = !(flags & 2);
     if (!ascii) {
         PyObject *text = PyUnicode_DecodeUTF8((const char *)b, (Py_ssize_t)w, NULL);
         if (text) /* valid UTF-8: its bytes are the text's encoding */
-            return Py_BuildValue("(NOy#)", text, Py_False, (const char *)rare_bytes.b, (Py_ssize_t)rare_bytes.n);
+            return Py_BuildValue("(NOy#)", text, Py_False, (const char *)rare_bytes->b, (Py_ssize_t)rare_bytes->n);
         if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) return NULL;
         PyErr_Clear();
         text = PyUnicode_DecodeUTF8((const char *)b, (Py_ssize_t)w, "replace");
@@ -598,7 +597,11 @@ static PyObject *collapse(buf *s) {
 }
 
 /* ---------------------------------------------------------------- the walk */
-static buf scratch; /* the text's bytes; kept between calls */
+/* The text's bytes and its rare bytes: buffers kept between calls, for a walk not entered while
+ * another is under way (in another thread, while that one called into text.py); such a walk has
+ * its own. */
+static buf kept_text, kept_rare;
+static int walking;
 
 static PyObject *walk(PyObject *self, PyObject *args) {
     unsigned long long root_id, head_id;
@@ -618,6 +621,9 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     ptrset protected = {0};
     PyObject *result = NULL;
     const uintptr_t stop[4] = {T_HTML, T_BODY, T_MAIN, T_ARTICLE};
+    buf own_text = {0}, own_rare = {0};
+    int kept = walking++ == 0;
+    buf *scratch = kept ? &kept_text : &own_text, *rare = kept ? &kept_rare : &own_rare;
 
     if (head) lx_remove(head);
     if (list_elements(root, &els) < 0) goto done;
@@ -677,9 +683,9 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         if (by_attr[i]) {
             if (set_has(&protected, n) || t == T_HTML || t == T_BODY || t == T_MAIN || t == T_ARTICLE) continue;
             if (!anchors->n && (Py_ssize_t)t < n_kinds && wrappers[t]) { /* never take half the page */
-                Py_ssize_t size = text_len(n, &scratch);
+                Py_ssize_t size = text_len(n, scratch);
                 if (size < 0) goto done;
-                if (total < 0 && size > 500 && (total = text_len(root, &scratch)) < 0) goto done;
+                if (total < 0 && size > 500 && (total = text_len(root, scratch)) < 0) goto done;
                 if (size > 500 && total >= 0 && size * 2 > total) continue;
             }
         } else if (t == T_FORM) {
@@ -695,13 +701,13 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < forms.n; i++) { /* search/login forms go; one wrapping the page stays */
         node_t *f = forms.a[i];
         if (set_has(&protected, f) || !ancestor(f, stop, 1)) continue;
-        Py_ssize_t size = text_len(f, &scratch);
+        Py_ssize_t size = text_len(f, scratch);
         if (size < 0) goto done;
         if (size < 1000 && !has_element(f, T_H1, T_H2, T_MAIN, T_ARTICLE)) lx_remove(f);
     }
-    scratch.n = 0;
-    if (gather_text(root, &scratch) < 0) goto done;
-    result = collapse(&scratch);
+    scratch->n = 0;
+    if (gather_text(root, scratch) < 0) goto done;
+    result = collapse(scratch, rare);
 done:
     PyMem_Free(els.a);
     PyMem_Free(cands.a);
@@ -710,13 +716,13 @@ done:
     PyMem_Free(forms.a);
     PyMem_Free(by_attr);
     PyMem_Free(protected.slot);
-    if (scratch.cap > (16u << 20)) { /* keep a page's worth of buffer between calls, not a huge one's */
-        PyMem_Free(scratch.b);
-        scratch = (buf){0};
-    }
-    if (rare_bytes.cap > (16u << 20)) {
-        PyMem_Free(rare_bytes.b);
-        rare_bytes = (buf){0};
+    walking--;
+    for (int i = 0; i < 2; i++) { /* keep a page's worth of buffer between calls, not a huge one's */
+        buf *b = i ? rare : scratch;
+        if (!kept || b->cap > (16u << 20)) {
+            PyMem_Free(b->b);
+            *b = (buf){0};
+        }
     }
     return result;
 }
