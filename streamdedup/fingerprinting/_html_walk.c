@@ -234,26 +234,25 @@ static void text_of(node_t *t, const uchar **data, size_t *len) {
     memcpy(len, at + sizeof(uchar *), sizeof(*len));
 }
 
+/* The node after n in document order, within root's subtree (lxb_dom_node_simple_walk's step):
+ * n's first child, else the next sibling of n or of its nearest ancestor below root; NULL at the end. */
+static inline node_t *following(node_t *n, node_t *root) {
+    node_t *c = lx_first_child(n);
+    if (c) return c;
+    while (n != root && !lx_next(n)) n = lx_parent(n);
+    return n == root ? NULL : lx_next(n);
+}
+
 /* The bytes of the text nodes under `root`, in document order: selectolax's `node.text()` before its
  * decode (lxb_dom_node_simple_walk from the first child, text nodes by tag id). */
 static int gather_text(node_t *root, buf *out) {
-    node_t *n = lx_first_child(root);
-    while (n) {
+    for (node_t *n = lx_first_child(root); n; n = following(n, root))
         if (lx_tag_id(n) == T_TEXT) {
             const uchar *d;
             size_t len;
             text_of(n, &d, &len);
             if (d && put(out, d, len) < 0) return -1;
         }
-        node_t *c = lx_first_child(n);
-        if (c) {
-            n = c;
-            continue;
-        }
-        while (n != root && !lx_next(n)) n = lx_parent(n);
-        if (n == root) break;
-        n = lx_next(n);
-    }
     return 0;
 }
 
@@ -271,36 +270,17 @@ static Py_ssize_t text_len(node_t *root, buf *scratch) {
 
 /* tree.css("*") from the root: the elements in document order, the root among them. */
 static int list_elements(node_t *root, nodes *out) {
-    node_t *n = root;
-    for (;;) {
+    for (node_t *n = root; n; n = following(n, root))
         if (lx_type(n) == NODE_ELEMENT && push(out, n) < 0) return -1;
-        node_t *c = lx_first_child(n);
-        if (c) {
-            n = c;
-            continue;
-        }
-        while (n != root && !lx_next(n)) n = lx_parent(n);
-        if (n == root) return 0;
-        n = lx_next(n);
-    }
+    return 0;
 }
 
 static int has_element(node_t *root, uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t d) {
-    node_t *n = lx_first_child(root);
-    while (n) {
+    for (node_t *n = lx_first_child(root); n; n = following(n, root))
         if (lx_type(n) == NODE_ELEMENT) {
             uintptr_t t = lx_tag_id(n);
             if (t == a || t == b || t == c || t == d) return 1;
         }
-        node_t *ch = lx_first_child(n);
-        if (ch) {
-            n = ch;
-            continue;
-        }
-        while (n != root && !lx_next(n)) n = lx_parent(n);
-        if (n == root) break;
-        n = lx_next(n);
-    }
     return 0;
 }
 
