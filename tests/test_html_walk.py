@@ -247,3 +247,57 @@ def test_walks_in_threads_at_once():
     finally:
         sys.setswitchinterval(interval)
     assert got == want * 3
+
+
+def test_str_split_whitespace_lies_where_the_c_table_looks():
+    # init hands the C walk str.split()'s whitespace below U+3001 (its table covers the BMP)
+    assert [c for c in range(0x110000) if chr(c).isspace()] == [c for c in range(0x3001) if chr(c).isspace()]
+
+
+JUNKY = st.text(
+    st.one_of(
+        st.sampled_from(
+            [
+                "a",
+                "Z",
+                " ",
+                "\t",
+                "\n",
+                "\x0b",
+                "\x1c",
+                "\x85",
+                "\xa0",
+                "\u2003",
+                "\u3000",
+                "\u200b",
+                "\u00ad",
+                "\x01",
+                "\x7f",
+                "\x90",
+                "\ue000",
+                "\ufeff",
+                "\u2066",
+                "\ud800",
+                "\udfff",
+                "\U0001f600",
+                "\u202f",
+                "\u2028",
+                "é",
+            ]
+        ),
+        st.characters(),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(JUNKY)
+def test_junk_removal_in_c(text):
+    assert T._C.junk_split(text) == " ".join(T._JUNK.sub("", text).split())
+
+
+@settings(max_examples=1000, deadline=None)
+@given(JUNKY)
+def test_normalize_text_with_and_without_c(text):
+    assert T.normalize_text(text) == T.normalize_text(text, compiled=False)

@@ -778,6 +778,67 @@ static PyObject *nesting(PyObject *self, PyObject *args) {
     return Py_BuildValue("(nl)", count, deepest == LONG_MIN ? 0L : deepest);
 }
 
+/* ---------------------------------------------------------------- normalize_text's junk removal */
+static uchar cp_class[0x10000]; /* 1 junk (text.py's _JUNK_RANGES), 2 str.split()'s whitespace; all in the BMP */
+
+static int load_code_points(PyObject *junk, PyObject *spaces) {
+    uchar cls[0x10000];
+    memset(cls, 0, sizeof(cls));
+    PyObject *fast = PySequence_Fast(junk, "junk: (first, last) code point ranges");
+    if (!fast) return -1;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); i++) {
+        unsigned long a, b;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "kk", &a, &b) || a > b || b > 0xFFFF) {
+            Py_DECREF(fast);
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "junk ranges lie in the BMP");
+            return -1;
+        }
+        for (unsigned long c = a; c <= b; c++) cls[c] = 1;
+    }
+    Py_DECREF(fast);
+    if (!(fast = PySequence_Fast(spaces, "spaces: code points"))) return -1;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); i++) {
+        long c = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
+        if (c < 0 || c > 0xFFFF) {
+            Py_DECREF(fast);
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "whitespace lies in the BMP");
+            return -1;
+        }
+        if (!cls[c]) cls[c] = 2;
+    }
+    Py_DECREF(fast);
+    memcpy(cp_class, cls, sizeof(cls));
+    return 0;
+}
+
+/* junk_split(text) -> " ".join(_JUNK.sub("", text).split()), over the code points. */
+static PyObject *junk_split(PyObject *self, PyObject *text) {
+    if (!PyUnicode_Check(text)) {
+        PyErr_SetString(PyExc_TypeError, "junk_split takes a str");
+        return NULL;
+    }
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text), o = 0;
+    int kind = PyUnicode_KIND(text), gap = 0;
+    const void *data = PyUnicode_DATA(text);
+    Py_UCS4 *out = PyMem_Malloc((n ? n : 1) * sizeof(Py_UCS4));
+    if (!out) return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        int k = c < 0x10000 ? cp_class[c] : 0;
+        if (k == 1) continue; /* (junk goes first: it never splits a word, and spaces around it merge) */
+        if (k == 2) {
+            gap = o > 0;
+            continue;
+        }
+        if (gap) out[o++] = ' ';
+        gap = 0;
+        out[o++] = c;
+    }
+    PyObject *r = PyUnicode_FromKindAndData(PyUnicode_4BYTE_KIND, out, o);
+    PyMem_Free(out);
+    return r;
+}
+
 /* ---------------------------------------------------------------- init */
 static int look_up(void *so, void **fn, const char *name) {
     *fn = dlsym(so, name);
@@ -874,9 +935,9 @@ static PyObject *init(PyObject *self, PyObject *args) {
     const char *so_path;
     unsigned long long probe1, probe2, sample;
     Py_buffer want1, want2, kind_table, wrapper_table;
-    PyObject *ids, *sets, *verdict_fn, *boiler_fn;
-    if (!PyArg_ParseTuple(args, "sKy*Ky*Ky*y*OOOO", &so_path, &probe1, &want1, &probe2, &want2, &sample, &kind_table,
-                          &wrapper_table, &ids, &sets, &verdict_fn, &boiler_fn))
+    PyObject *ids, *sets, *verdict_fn, *boiler_fn, *junk, *spaces;
+    if (!PyArg_ParseTuple(args, "sKy*Ky*Ky*y*OOOOOO", &so_path, &probe1, &want1, &probe2, &want2, &sample,
+                          &kind_table, &wrapper_table, &ids, &sets, &verdict_fn, &boiler_fn, &junk, &spaces))
         return NULL;
     PyObject *ok = NULL;
     void *so = dlopen(so_path, RTLD_NOW | RTLD_NOLOAD);
@@ -938,6 +999,7 @@ static PyObject *init(PyObject *self, PyObject *args) {
     memcpy(kinds, kind_table.buf, kind_table.len);
     memcpy(wrappers, wrapper_table.buf, wrapper_table.len);
     n_kinds = kind_table.len;
+    if (load_code_points(junk, spaces) < 0) goto out;
     Py_XSETREF(py_verdict, Py_NewRef(verdict_fn));
     Py_XSETREF(py_boiler_key, Py_NewRef(boiler_fn));
     for (int c = 0; c < 256; c++) {
@@ -966,10 +1028,11 @@ static PyObject *py_boiler(PyObject *self, PyObject *arg) {
 }
 
 static PyMethodDef methods[] = {
-    {"init", init, METH_VARARGS, "init(so_path, probe1, bytes1, probe2, bytes2, sample_root, kinds, wrappers, ids, words, verdict, boiler_key)"},
+    {"init", init, METH_VARARGS, "init(so_path, probe1, bytes1, probe2, bytes2, sample_root, kinds, wrappers, ids, words, verdict, boiler_key, junk_ranges, spaces)"},
     {"walk", walk, METH_VARARGS, "walk(root_mem_id, head_mem_id) -> (text, done, rare): see collapse()"},
     {"nesting", nesting, METH_VARARGS, "nesting(data, keys) -> (count of '<', deepest nesting of those tags)"},
     {"direct_fields", direct_fields, METH_VARARGS, "direct_fields([on]) -> bool: node fields read directly"},
+    {"junk_split", junk_split, METH_O, "junk_split(text) -> ' '.join(_JUNK.sub('', text).split())"},
     {"boiler_key", py_boiler, METH_O, "boiler_key(token: bytes) -> bool, text.py's _boiler_key(token) is not None"},
     {NULL, NULL, 0, NULL},
 };

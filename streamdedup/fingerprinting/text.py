@@ -39,34 +39,43 @@ __all__ = ["RecordError", "text_mime", "sniff_content_type", "decode_body", "vis
 _EMPTY = "page has no content"
 _SPACES = re.compile("  +")
 _ASCII_PRINTABLE = bytes(range(0x20, 0x7F))
-_JUNK = re.compile(
-    "[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f\u00ad\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064"
-    "\u2066-\u2069\ud800-\udfff\ue000-\uf8ff\ufeff]+"
-)
+# controls, invisible format characters (soft hyphen, ZWSP, bidi marks, BOM), surrogates, private-use icons
+_JUNK_RANGES = (
+    (0x00, 0x08), (0x0E, 0x1B), (0x7F, 0x84), (0x86, 0x9F), (0xAD, 0xAD), (0x200B, 0x200B), (0x200E, 0x200F),
+    (0x202A, 0x202E), (0x2060, 0x2064), (0x2066, 0x2069), (0xD800, 0xDFFF), (0xE000, 0xF8FF), (0xFEFF, 0xFEFF),
+)  # fmt: skip
+_JUNK = re.compile("[" + "".join(f"\\u{a:04x}-\\u{b:04x}" for a, b in _JUNK_RANGES) + "]+")
 
 
-def normalize_text(text: str) -> str:
+def _junk_split(text: str, compiled: bool = True) -> str:
+    """``" ".join(_JUNK.sub("", text).split())`` (in C where it was built)."""
+    return _C.junk_split(text) if compiled and _C is not None else " ".join(_JUNK.sub("", text).split())
+
+
+def normalize_text(text: str, compiled: bool = True) -> str:
     """NFKC, drop controls/invisible format chars/private-use icons, collapse whitespace, strip.
+    ``compiled=False``: no C part (``_html_walk.c``), for comparing; the result is the same.
 
     >>> normalize_text(" \\uff21\\ufb01\\u00ad x\\n\\t y\\u2026\\u00a0z ")
     'Afi x y... z'
     """
     return _normalize_collapsed(
-        _SPACES.sub(" ", text.replace("\n", " ").replace("\t", " ").replace("\r", " ").replace("\xa0", " "))
+        _SPACES.sub(" ", text.replace("\n", " ").replace("\t", " ").replace("\r", " ").replace("\xa0", " ")),
+        compiled=compiled,
     )
 
 
-def _normalize_collapsed(text: str, rb: bytes | None = None) -> str:
+def _normalize_collapsed(text: str, rb: bytes | None = None, compiled: bool = True) -> str:
     """normalize_text after its first step (newlines, tabs, CRs and NBSPs made spaces, space runs one);
     ``rb``: the first line below, where the caller has it already."""
     if text.isascii():
-        return (text if text.isprintable() else " ".join(_JUNK.sub("", text).split())).strip()
+        return (text if text.isprintable() else _junk_split(text, compiled)).strip()
     # Unicode property checks cost ~25 instructions/char: run them on the non-ASCII characters only.
     if rb is None:
         rb = text.encode("utf-8", "surrogatepass").translate(None, _ASCII_PRINTABLE)
     rare = rb.decode("utf-8", "surrogatepass")
     if not rare.isprintable():  # controls, format chars, unusual whitespace, private-use icons
-        text = " ".join(_JUNK.sub("", text).split())
+        text = _junk_split(text, compiled)
         rb = text.encode("utf-8").translate(None, _ASCII_PRINTABLE)
         rare = rb.decode("utf-8")
     if b"\xcc" not in rb and b"\xcd" not in rb and unicodedata.is_normalized("NFKC", rare):
@@ -444,7 +453,7 @@ def _html_text(data: bytes, compiled: bool = True) -> str:
         return text if done else _normalize_collapsed(text, rare)
     if head is not None:
         head.decompose(recursive=False)
-    return normalize_text(_walk(tree, root))
+    return normalize_text(_walk(tree, root), compiled)
 
 
 def _walk(tree: LexborHTMLParser, root: LexborNode) -> str:
@@ -547,6 +556,7 @@ def _load_c_walk():
         wrappers[t] = 1
     ids = (texts[0].tag_id, *(_TAG[t] for t in ("html", "body", "main", "article", "form", "header", "h1", "h2")))
     words = (_ROLES, _BOILER_PARTS, _BOILER_WHOLE, _STATE, _STATE_LAST, _HEADER_PREFIXES, _HEADER_SUFFIXES)
+    spaces = [c for c in range(0x3001) if chr(c).isspace()]  # (str.split()'s: none is above U+3000)
     try:
         _html_walk.init(
             selectolax.lexbor.__file__,
@@ -558,6 +568,8 @@ def _load_c_walk():
             tuple(tuple(w) for w in words),
             _attr_verdict,
             _boiler_key,
+            _JUNK_RANGES,
+            spaces,
         )
     except ImportError:
         return None
