@@ -1,10 +1,10 @@
 /* The visible-text walk of streamdedup.fingerprinting.text in C, over the tree selectolax's lexbor parsed.
  *
- * text.py's `_html_walk_py` is the reference: this file does the same lexbor calls in the same order (the
- * same elements listed, the same space text nodes inserted, the same nodes removed, the same texts read), so
+ * text.py's `_walk` is the reference: this file does the same changes to the tree in the same order (the
+ * same elements met, the same space text nodes inserted, the same nodes removed, the same texts read), so
  * it gives the same text bit for bit; tests/test_html_walk.py holds the two to that.  What it saves is the
- * Python around every element (a node object, a dict lookup, an attribute dict), which costs ~1.5 x
- * lexbor's own parse.
+ * Python around every element (a node object, a dict lookup, an attribute dict), which cost ~2.5 x
+ * lexbor's own parse; this walk costs ~0.5 x.
  *
  * No lexbor headers: the functions are looked up by name in selectolax's own extension module (which
  * exports lexbor's API), so the walk runs on the very lexbor that parsed the page; nodes stay opaque
@@ -266,13 +266,6 @@ static Py_ssize_t text_len(node_t *root, buf *scratch) {
     Py_ssize_t n = PyUnicode_GET_LENGTH(s);
     Py_DECREF(s);
     return n;
-}
-
-/* tree.css("*") from the root: the elements in document order, the root among them. */
-static int list_elements(node_t *root, nodes *out) {
-    for (node_t *n = root; n; n = following(n, root))
-        if (lx_type(n) == NODE_ELEMENT && push(out, n) < 0) return -1;
-    return 0;
 }
 
 static int has_element(node_t *root, uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t d) {
@@ -577,6 +570,91 @@ static PyObject *collapse(buf *s, buf *rare_bytes) {
 }
 
 /* ---------------------------------------------------------------- the walk */
+/* text.py's first loop, over `tree.css("*")`: every element in document order, the root among them.
+ * The Python walk lists them all before it changes the tree; here the tree is walked as it changes,
+ * which meets the same elements in the same order: a removed element (always dropped) is walked on
+ * into, and left for where its next sibling was; the space nodes inserted are not elements.
+ * cands: the elements to drop, their pointer's low bit set if by their attributes. */
+static int first_pass(node_t *root, node_t *doc, nodes *cands, nodes *mains, nodes *articles) {
+    struct removed {
+        node_t *e, *next, *parent;
+    } *rm = NULL;
+    Py_ssize_t n_rm = 0, cap_rm = 0;
+    int ok = -1;
+    node_t *n = root;
+    while (n) {
+        if (lx_type(n) == NODE_ELEMENT) {
+            uintptr_t t = lx_tag_id(n);
+            int k;
+            if (t >= 0x10000) { /* custom element: a block, or a semantic drop by its name */
+                int b = custom_boiler(n);
+                if (b < 0) goto out;
+                k = b ? 3 : 1;
+            } else
+                k = (Py_ssize_t)t < n_kinds ? kinds[t] : 0;
+            if (k == 2) {
+                if (n_rm == cap_rm) {
+                    cap_rm = cap_rm ? cap_rm * 2 : 16;
+                    struct removed *grown = PyMem_Realloc(rm, cap_rm * sizeof(*rm));
+                    if (!grown) {
+                        PyErr_NoMemory();
+                        goto out;
+                    }
+                    rm = grown;
+                }
+                rm[n_rm++] = (struct removed){n, lx_next(n), lx_parent(n)};
+                lx_remove(n);
+            } else if (k) {
+                int v = -2;
+                if (k != 5 && (insert_space(doc, n, 0) < 0 || insert_space(doc, n, 1) < 0)) goto out;
+                if (k == 3) {
+                    if (push(cands, n) < 0) goto out;
+                } else if ((v = verdict(n)) == -1)
+                    goto out;
+                else if (v != -2) {
+                    if (v == 2 || t == T_MAIN) {
+                        if (push(mains, n) < 0) goto out;
+                    } else if (k == 4) {
+                        if (push(articles, n) < 0) goto out;
+                    } else if (v && push(cands, (node_t *)((uintptr_t)n | 1)) < 0)
+                        goto out;
+                } else if (k == 4 && push(t == T_MAIN ? mains : articles, n) < 0)
+                    goto out;
+            }
+        }
+        node_t *c = lx_first_child(n);
+        if (c) {
+            n = c;
+            continue;
+        }
+        for (;;) { /* n's subtree is done: on to the next node in document order */
+            if (n == root) {
+                n = NULL;
+                break;
+            }
+            if (n_rm && n == rm[n_rm - 1].e) { /* out of a removed element: where it was */
+                struct removed r = rm[--n_rm];
+                if (r.next) {
+                    n = r.next;
+                    break;
+                }
+                n = r.parent;
+                continue;
+            }
+            node_t *next = lx_next(n);
+            if (next) {
+                n = next;
+                break;
+            }
+            n = lx_parent(n);
+        }
+    }
+    ok = 0;
+out:
+    PyMem_Free(rm);
+    return ok;
+}
+
 /* The text's bytes and its rare bytes: buffers kept between calls, for a walk not entered while
  * another is under way (in another thread, while that one called into text.py); such a walk has
  * its own. */
@@ -596,8 +674,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "the root element has no document");
         return NULL;
     }
-    nodes els = {0}, cands = {0}, mains = {0}, articles = {0}, forms = {0};
-    uchar *by_attr = NULL;
+    nodes cands = {0}, mains = {0}, articles = {0}, forms = {0};
     ptrset protected = {0};
     PyObject *result = NULL;
     const uintptr_t stop[4] = {T_HTML, T_BODY, T_MAIN, T_ARTICLE};
@@ -606,50 +683,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     buf *scratch = kept ? &kept_text : &own_text, *rare = kept ? &kept_rare : &own_rare;
 
     if (head) lx_remove(head);
-    if (list_elements(root, &els) < 0) goto done;
-    by_attr = PyMem_Malloc(els.n ? els.n : 1);
-    if (!by_attr) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < els.n; i++) {
-        node_t *n = els.a[i];
-        uintptr_t t = lx_tag_id(n);
-        int k;
-        if (t >= 0x10000) { /* custom element: a block, or a semantic drop by its name */
-            int b = custom_boiler(n);
-            if (b < 0) goto done;
-            k = b ? 3 : 1;
-        } else {
-            k = (Py_ssize_t)t < n_kinds ? kinds[t] : 0;
-            if (k == 0) continue;
-            if (k == 2) {
-                lx_remove(n);
-                continue;
-            }
-        }
-        if (k != 5) {
-            if (insert_space(doc, n, 0) < 0 || insert_space(doc, n, 1) < 0) goto done;
-            if (k == 3) {
-                by_attr[cands.n] = 0;
-                if (push(&cands, n) < 0) goto done;
-                continue;
-            }
-        }
-        int v = verdict(n);
-        if (v == -1) goto done;
-        if (v != -2) {
-            if (v == 2 || t == T_MAIN) {
-                if (push(&mains, n) < 0) goto done;
-            } else if (k == 4) {
-                if (push(&articles, n) < 0) goto done;
-            } else if (v) {
-                by_attr[cands.n] = 1;
-                if (push(&cands, n) < 0) goto done;
-            }
-        } else if (k == 4 && push(t == T_MAIN ? &mains : &articles, n) < 0)
-            goto done;
-    }
+    if (first_pass(root, doc, &cands, &mains, &articles) < 0) goto done;
     nodes *anchors = mains.n ? &mains : &articles;
     for (Py_ssize_t i = 0; i < anchors->n; i++)
         if (set_add(&protected, anchors->a[i]) < 0) goto done;
@@ -658,9 +692,9 @@ static PyObject *walk(PyObject *self, PyObject *args) {
             if (set_add(&protected, p) < 0) goto done;
     Py_ssize_t total = -1;
     for (Py_ssize_t i = 0; i < cands.n; i++) {
-        node_t *n = cands.a[i];
+        node_t *n = (node_t *)((uintptr_t)cands.a[i] & ~(uintptr_t)1);
         uintptr_t t = lx_tag_id(n);
-        if (by_attr[i]) {
+        if ((uintptr_t)cands.a[i] & 1) { /* dropped by its attributes */
             if (set_has(&protected, n) || t == T_HTML || t == T_BODY || t == T_MAIN || t == T_ARTICLE) continue;
             if (!anchors->n && (Py_ssize_t)t < n_kinds && wrappers[t]) { /* never take half the page */
                 Py_ssize_t size = text_len(n, scratch);
@@ -689,12 +723,10 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     if (gather_text(root, scratch) < 0) goto done;
     result = collapse(scratch, rare);
 done:
-    PyMem_Free(els.a);
     PyMem_Free(cands.a);
     PyMem_Free(mains.a);
     PyMem_Free(articles.a);
     PyMem_Free(forms.a);
-    PyMem_Free(by_attr);
     PyMem_Free(protected.slot);
     walking--;
     for (int i = 0; i < 2; i++) { /* keep a page's worth of buffer between calls, not a huge one's */
