@@ -17,6 +17,7 @@
  * Built when a C compiler is there (setup.py: optional); without it text.py walks in Python.
  */
 #define PY_SSIZE_T_CLEAN
+#define _GNU_SOURCE /* memmem */
 #include <Python.h>
 #include <dlfcn.h>
 #include <limits.h>
@@ -314,7 +315,29 @@ static int header_token(const char *t, size_t n) {
 }
 
 /* _boiler_key(tok) is not None, for an ASCII tok. */
+static int boiler_key_of(const uchar *tok, size_t n);
+
+/* boiler_key's answers for recent tokens (class tokens repeat all over a site's pages):
+ * direct-mapped by the token's hash, tokens of up to 31 bytes. */
+static struct {
+    uchar len, answer;
+    char tok[31];
+} boiler_cache[1024];
+
 static int boiler_key(const uchar *tok, size_t n) {
+    if (n == 0 || n > sizeof(boiler_cache[0].tok)) return boiler_key_of(tok, n);
+    unsigned h = 2166136261u;
+    for (size_t i = 0; i < n; i++) h = (h ^ tok[i]) * 16777619u;
+    h = (h ^ (h >> 10) ^ (h >> 20)) & 1023;
+    if (boiler_cache[h].len == n && memcmp(boiler_cache[h].tok, tok, n) == 0) return boiler_cache[h].answer;
+    int answer = boiler_key_of(tok, n);
+    boiler_cache[h].len = (uchar)n;
+    boiler_cache[h].answer = (uchar)answer;
+    memcpy(boiler_cache[h].tok, tok, n);
+    return answer;
+}
+
+static int boiler_key_of(const uchar *tok, size_t n) {
     char t[81];
     if (n < 1 || n > 80) return 0;
     for (size_t i = 0; i < n; i++) {
@@ -322,7 +345,7 @@ static int boiler_key(const uchar *tok, size_t n) {
         if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-')) return 0;
         t[i] = (char)c;
     }
-    if (in_set(&W_WHOLE, t, n) || header_token(t, n)) return 1;
+    if (in_set(&W_WHOLE, t, n) || (n >= 6 && memmem(t, n, "header", 6) && header_token(t, n))) return 1;
     const char *part[80];
     size_t plen[80], np = 0;
     for (size_t i = 0; i < n;) {
