@@ -285,6 +285,11 @@ def test_other_env_vars_and_the_allow_list_are_tolerated():
     assert Settings.from_sources({}, env, allow_env={"STREAMDEDUP_BENCH_DIR"}).k == 3
 
 
+def test_the_html_walk_switch_is_not_taken_for_a_typo():
+    # read by streamdedup.fingerprinting.text at import, not a setting, but a worker must start with it
+    assert build(env={"STREAMDEDUP_HTML_WALK": "python"}).k == 3
+
+
 def test_unknown_flag_is_a_programming_error():
     with pytest.raises(TypeError, match="not Settings fields: kay"):
         build({"kay": 3})

@@ -526,7 +526,9 @@ def _walk(tree: LexborHTMLParser, root: LexborNode) -> str:
 
 def _load_c_walk():
     """The ``_html_walk`` module, set up on this selectolax's lexbor; None where it was not built (no C compiler
-    at install), where ``STREAMDEDUP_HTML_WALK=python``, or where this lexbor does not fit it."""
+    at install), where ``STREAMDEDUP_HTML_WALK=python``, or where this lexbor does not fit it.  (The one
+    variable read here, not through settings: every process imports this, the pool's too; settings'
+    ENV_ALLOWLIST lets a worker start with it.)"""
     if os.environ.get("STREAMDEDUP_HTML_WALK", "").lower() == "python":
         return None
     try:
