@@ -458,7 +458,7 @@ def _html_text(data: bytes, compiled: bool = True) -> str:
 
 def _walk(tree: LexborHTMLParser, root: LexborNode) -> str:
     """The reference walk: drops what is not visible main text from the tree, spaces blocks, gives
-    ``root.text()``.  ``_html_walk.c`` does the same lexbor calls in the same order."""
+    ``root.text()``.  ``_html_walk.c`` makes the same changes to the tree in the same order."""
     kinds, cands, mains, articles, verdict = _KIND, [], [], [], _attr_verdict
     ins_before, ins_after, main_id = _INS_BEFORE, _INS_AFTER, _TAG["main"]
     for n in tree.css("*"):  # one C walk; per element a dict lookup on its static tag id
@@ -573,7 +573,12 @@ def _load_c_walk():
             _JUNK_RANGES,
             spaces,
         )
-    except ImportError:
+    except ImportError:  # (this selectolax's lexbor does not export what the walk needs)
+        return None
+    except Exception as e:  # pragma: no cover - a bug in the C walk's set-up: the Python walk still works
+        import logging
+
+        logging.getLogger(__name__).warning("the C text walk could not start (%r): the Python walk is used", e)
         return None
     return _html_walk
 
