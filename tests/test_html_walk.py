@@ -301,3 +301,42 @@ def test_junk_removal_in_c(text):
 @given(JUNKY)
 def test_normalize_text_with_and_without_c(text):
     assert T.normalize_text(text) == T.normalize_text(text, compiled=False)
+
+
+def test_install_without_a_c_compiler_keeps_the_python_walk(tmp_path):
+    # The README's promise: `pip install` on a machine without a compiler works, and gives the same text.
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    src = tmp_path / "src"
+    shutil.copytree(root / "streamdedup", src / "streamdedup", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy(root / name, src / name)
+    env = {**os.environ, "CC": str(tmp_path / "no-such-cc"), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", "--target", str(tmp_path / "t"), str(src)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not list((tmp_path / "t" / "streamdedup" / "fingerprinting").glob("_html_walk*"))  # (nothing built)
+    html = b"<p>a</p><nav>x</nav><div class=sidebar>y</div><p>b\xc2\xa0c \xc2\xad</p>"
+    check = (
+        "import streamdedup.fingerprinting.text as T; "
+        f"print(T.__file__.startswith({str(tmp_path)!r}), T._C is None, repr(T._html_text({html!r})), sep='|')"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", check],
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "t")},
+        cwd=tmp_path,  # (not the checkout, which holds the built walk)
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().split("|") == ["True", "True", repr(T._html_text(html))]
