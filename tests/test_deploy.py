@@ -273,6 +273,16 @@ def test_dockerfile_image_user_and_entrypoint():
     assert any(op == "COPY" and a.startswith("--from=build") for op, a in final_stage())
 
 
+def test_dockerfile_builds_the_c_walk_and_ships_no_compiler():
+    # deploy/README: the build stage has gcc for the C text walk; the runtime image has no compiler
+    ins = dockerfile_instructions()
+    final = final_stage()
+    build = ins[: len(ins) - len(final)]
+    assert any(op == "RUN" and re.search(r"apt-get install .*\bgcc\b", a) for op, a in build)
+    assert not any(op == "RUN" and "gcc" in a for op, a in final)
+    assert any(op == "COPY" and "setup.py" in shlex.split(a) for op, a in build), "setup.py builds the C walk"
+
+
 def test_dockerfile_copies_only_what_the_context_has():
     """`docker build -f deploy/Dockerfile .`: every COPY source exists at the repo root and is not
     excluded by .dockerignore, and the context leaves out what must not go in."""

@@ -340,3 +340,21 @@ def test_install_without_a_c_compiler_keeps_the_python_walk(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().split("|") == ["True", "True", repr(T._html_text(html))]
+
+
+def test_the_switch_to_the_python_walk():
+    # README: STREAMDEDUP_HTML_WALK=python picks the Python walk where both are there
+    import os
+    import subprocess
+    import sys
+
+    check = "import streamdedup.fingerprinting.text as T; print(T._C is None)"
+    for value, python_walk in (("python", "True"), ("", "False")):
+        out = subprocess.run(
+            [sys.executable, "-c", check],
+            env={**os.environ, "STREAMDEDUP_HTML_WALK": value},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.stdout.strip() == python_walk, out.stderr[-2000:]

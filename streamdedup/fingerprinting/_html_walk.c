@@ -87,9 +87,15 @@ typedef struct {
 } wordset;
 static wordset W_ROLES, W_PARTS, W_WHOLE, W_STATE, W_STATE_LAST, W_HPRE, W_HSUF;
 
-static unsigned word_hash(const char *w, size_t n) {
+static uint32_t fnv1a(const void *p, size_t n) {
+    const uchar *b = p;
     uint32_t h = 2166136261u;
-    for (size_t i = 0; i < n; i++) h = (h ^ (uchar)w[i]) * 16777619u;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 16777619u;
+    return h;
+}
+
+static unsigned word_hash(const char *w, size_t n) {
+    uint32_t h = fnv1a(w, n);
     return (h ^ (h >> 8)) & 255;
 }
 
@@ -326,8 +332,7 @@ static struct {
 
 static int boiler_key(const uchar *tok, size_t n) {
     if (n == 0 || n > sizeof(boiler_cache[0].tok)) return boiler_key_of(tok, n);
-    unsigned h = 2166136261u;
-    for (size_t i = 0; i < n; i++) h = (h ^ tok[i]) * 16777619u;
+    uint32_t h = fnv1a(tok, n);
     h = (h ^ (h >> 10) ^ (h >> 20)) & 1023;
     if (boiler_cache[h].len == n && memcmp(boiler_cache[h].tok, tok, n) == 0) return boiler_cache[h].answer;
     int answer = boiler_key_of(tok, n);
