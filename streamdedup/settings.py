@@ -43,6 +43,9 @@ ENV_ALLOWLIST: frozenset[str] = frozenset(
         # streamdedup.fingerprinting.text, at import, in every process (the pool's too): "python" turns
         # the C text walk off (the same text, ~2x slower; for comparing the two)
         "STREAMDEDUP_HTML_WALK",
+        # streamdedup.fingerprinting.kernels, on the first fingerprint: "numpy" turns the numba kernels
+        # and the C word hashes off, "numba" the C word hashes only (the same bits; for comparing)
+        "STREAMDEDUP_KERNELS",
     }
 )
 SSL_PROTOCOLS = ("SSL", "SASL_SSL")

@@ -228,6 +228,17 @@ def test_the_nesting_check_in_c():
     assert any(flattened) and not all(flattened)  # (the cases straddle the limits)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300) | st.lists(st.sampled_from([b"<", b"<<", b"\xbc", b"=", b"|", b"a"])).map(b"".join))
+def test_the_nesting_count_is_every_lt(data):
+    # (the count is read eight bytes at a time: '<' next to bytes that differ from it by one bit)
+    for min_count in (0, 1, len(data) + 1):
+        count, deepest = T._C.nesting(data, T._NESTING_KEYS, min_count)
+        assert count == data.count(b"<")
+        if count < min_count:
+            assert deepest == 0
+
+
 def test_walks_in_threads_at_once():
     # A walk calls into text.py for non-ASCII attributes, and another thread may walk meanwhile:
     # each must keep its own text.
@@ -304,7 +315,8 @@ def test_normalize_text_with_and_without_c(text):
 
 
 def test_install_without_a_c_compiler_keeps_the_python_walk(tmp_path):
-    # The README's promise: `pip install` on a machine without a compiler works, and gives the same text.
+    # The README's promise: `pip install` on a machine without a compiler works, and gives the same text
+    # and the same fingerprints.
     import os
     import shutil
     import subprocess
@@ -324,11 +336,15 @@ def test_install_without_a_c_compiler_keeps_the_python_walk(tmp_path):
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert not list((tmp_path / "t" / "streamdedup" / "fingerprinting").glob("_html_walk*"))  # (nothing built)
+    assert not list((tmp_path / "t" / "streamdedup" / "fingerprinting").glob("*.so"))  # (nothing built)
     html = b"<p>a</p><nav>x</nav><div class=sidebar>y</div><p>b\xc2\xa0c \xc2\xad</p>"
+    texts = ["Ünïcödé words, ΟΔΟΣ and İstanbul", "ascii words here", "東京タワー 😀 emoji"]
     check = (
         "import streamdedup.fingerprinting.text as T; "
-        f"print(T.__file__.startswith({str(tmp_path)!r}), T._C is None, repr(T._html_text({html!r})), sep='|')"
+        "from streamdedup.fingerprinting import kernels; "
+        "from streamdedup.fingerprinting.pages import simhash_texts; "
+        f"print(T.__file__.startswith({str(tmp_path)!r}), T._C is None, kernels.c_words() is None, "
+        f"repr(T._html_text({html!r})), simhash_texts({texts!r}).tolist(), sep='|')"
     )
     out = subprocess.run(
         [sys.executable, "-c", check],
@@ -339,7 +355,10 @@ def test_install_without_a_c_compiler_keeps_the_python_walk(tmp_path):
         timeout=120,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().split("|") == ["True", "True", repr(T._html_text(html))]
+    from streamdedup.fingerprinting.pages import simhash_texts
+
+    # the Python walk and the numba word hashes: the same text and the same fingerprints
+    assert out.stdout.strip().split("|") == ["True", "True", "True", repr(T._html_text(html)), str(simhash_texts(texts).tolist())]
 
 
 def test_the_switch_to_the_python_walk():

@@ -84,11 +84,14 @@ def py_shingles(hashes: list[int], n: int) -> list[int]:
 
 
 def both_paths(texts: list[str]) -> None:
-    """Compiled == numpy at every stage, and both == the documented rules in plain Python."""
+    """C == numba == numpy at every stage, and all == the documented rules in plain Python."""
     fast = word_hashes_many(texts, compiled=True)
     ref = word_hashes_many(texts, compiled=False)
-    assert fast[0].dtype == ref[0].dtype == np.uint64
+    c = word_hashes_many(texts)  # the C loop (test_the_c_word_hashes_are_built_here)
+    assert fast[0].dtype == ref[0].dtype == c[0].dtype == np.uint64 and c[1].dtype == np.int64
     assert fast[0].tolist() == ref[0].tolist() and fast[1].tolist() == ref[1].tolist()
+    assert c[0].tolist() == ref[0].tolist() and c[1].tolist() == ref[1].tolist()
+    assert c[0].flags.writeable and c[1].flags.writeable  # as the other paths' arrays
     expected = [[py_word_hash(w) for w in words(t)] for t in texts]
     assert [a.tolist() for a in split_counts(*ref)] == expected
     for n in (1, 2, 3, 4):
@@ -105,6 +108,22 @@ def both_paths(texts: list[str]) -> None:
 
 def test_the_kernels_are_compiled_here():
     assert kernels.available()  # numba is a dependency; the fallback is tested in a subprocess below
+
+
+def test_the_c_word_hashes_are_built_here():
+    # `make install` installs gcc first; without a compiler the numba kernel does the same (below)
+    assert kernels.c_words() is not None, "streamdedup/fingerprinting/_words.c was not built: pip install -e . again"
+
+
+def test_c_word_hashes_refuse_what_is_not_a_text():
+    c = kernels.c_words()
+    with pytest.raises(TypeError, match="texts must be str, not bytes"):
+        c.word_hashes(["a", b"b"], table()[:0x10000], None, FEATURE_SEED, WORD_MUL)
+    with pytest.raises(ValueError, match="at least 65536"):
+        c.word_hashes(["a"], table()[:100], None, FEATURE_SEED, WORD_MUL)
+    with pytest.raises(ValueError, match="at least 1114112"):
+        c.word_hashes(["😀"], table()[:0x10000], table()[:0x10000], FEATURE_SEED, WORD_MUL)
+    assert c.word_hashes(["😀"], table()[:0x10000], None, FEATURE_SEED, WORD_MUL) is None  # asks for the table
 
 
 def test_golden_texts_agree_bit_for_bit():

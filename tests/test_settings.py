@@ -285,9 +285,11 @@ def test_other_env_vars_and_the_allow_list_are_tolerated():
     assert Settings.from_sources({}, env, allow_env={"STREAMDEDUP_BENCH_DIR"}).k == 3
 
 
-def test_the_html_walk_switch_is_not_taken_for_a_typo():
-    # read by streamdedup.fingerprinting.text at import, not a setting, but a worker must start with it
-    assert build(env={"STREAMDEDUP_HTML_WALK": "python"}).k == 3
+@pytest.mark.parametrize("var", ["STREAMDEDUP_HTML_WALK", "STREAMDEDUP_KERNELS"])
+def test_the_path_switches_are_not_taken_for_a_typo(var):
+    # read by streamdedup.fingerprinting (text at import, kernels on first use), not settings, but
+    # a worker and scan must start with them (kernels.py documents STREAMDEDUP_KERNELS=numpy)
+    assert build(env={var: "numpy"}).k == 3
 
 
 def test_unknown_flag_is_a_programming_error():

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Debian/Ubuntu packages used by the local tooling: kcat (Kafka CLI client, used by
 # tests/integration/test_broker.py), prometheus (scrapes streamdedup's metrics) and gcc (builds
-# the HTML text walk in C, streamdedup/fingerprinting/_html_walk.c, at `pip install`).
+# the HTML text walk and the word hashes in C, streamdedup/fingerprinting/*.c, at `pip install`).
 # Idempotent and non-interactive: installs only what is missing; runs apt-get update only then.
 set -euo pipefail
 

@@ -564,12 +564,17 @@ static PyObject *collapse(buf *s, buf *rare_bytes) {
     rare_bytes->n = nr;
     int ascii = !(flags & 1), printable = !(flags & 2);
     if (!ascii) {
-        PyObject *text = PyUnicode_DecodeUTF8((const char *)b, (Py_ssize_t)w, NULL);
+        /* Without the spaces at its ends (text.py's strip() would copy it for them; an ASCII space at an
+         * end is stripped there whatever follows it, so the text comes out the same). */
+        uchar *t = b;
+        while (w && *t == ' ') t++, w--;
+        while (w && t[w - 1] == ' ') w--;
+        PyObject *text = PyUnicode_DecodeUTF8((const char *)t, (Py_ssize_t)w, NULL);
         if (text) /* valid UTF-8: its bytes are the text's encoding */
             return Py_BuildValue("(NOy#)", text, Py_False, (const char *)rare_bytes->b, (Py_ssize_t)rare_bytes->n);
         if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) return NULL;
         PyErr_Clear();
-        text = PyUnicode_DecodeUTF8((const char *)b, (Py_ssize_t)w, "replace");
+        text = PyUnicode_DecodeUTF8((const char *)t, (Py_ssize_t)w, "replace");
         return text ? Py_BuildValue("(NOO)", text, Py_False, Py_None) : NULL;
     }
     size_t n = w;
@@ -773,8 +778,7 @@ static int cmp_key(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* nesting(data, keys) -> (data.count(b"<"), the deepest nesting of the tags whose 3-byte key is in keys,
- * or 0 if none): the numpy computation of text.py's _flatten_deep in one pass. */
+/* What nesting() makes of the keys it was last given: */
 static PyObject *nesting_keys; /* the keys last given, and what was made of them: */
 static long *sorted_keys;
 static Py_ssize_t n_keys;
@@ -809,12 +813,37 @@ static int load_keys(PyObject *keys_obj) {
     return 0;
 }
 
-/* nesting(data, keys) -> (data.count(b"<"), the deepest nesting of the tags whose 3-byte key is in keys,
- * or 0 if none): the numpy computation of text.py's _flatten_deep in one pass. */
+/* The number of '<' in a[0..n): eight bytes at a time (a byte of x is 0 where a has '<'; its high bit
+ * in z marks it, exactly: the low 7 bits are added without a carry out of the byte). */
+static Py_ssize_t count_lt(const uchar *a, Py_ssize_t n) {
+    const uint64_t lows = 0x7f7f7f7f7f7f7f7full, lt = 0x3c3c3c3c3c3c3c3cull;
+    Py_ssize_t count = 0, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t x;
+        memcpy(&x, a + i, 8);
+        x ^= lt;
+        uint64_t z = ~(((x & lows) + lows) | x | lows);
+        count += (Py_ssize_t)(((z >> 7) * 0x0101010101010101ull) >> 56); /* its bytes (0 or 1) summed */
+    }
+    for (; i < n; i++) count += a[i] == '<';
+    return count;
+}
+
+/* nesting(data, keys, min_count=0) -> (data.count(b"<"), the deepest nesting of the tags whose 3-byte key
+ * is in keys, or 0 if none or if the count is below min_count): the numpy computation of text.py's
+ * _flatten_deep in one pass.  (The count alone is ~5 x faster than the walk over every '<'.) */
 static PyObject *nesting(PyObject *self, PyObject *args) {
     Py_buffer data;
     PyObject *keys_obj;
-    if (!PyArg_ParseTuple(args, "y*O", &data, &keys_obj)) return NULL;
+    Py_ssize_t min_count = 0;
+    if (!PyArg_ParseTuple(args, "y*O|n", &data, &keys_obj, &min_count)) return NULL;
+    if (min_count > 0) {
+        Py_ssize_t count = count_lt(data.buf, data.len);
+        if (count < min_count) {
+            PyBuffer_Release(&data);
+            return Py_BuildValue("(nl)", count, 0L);
+        }
+    }
     if (load_keys(keys_obj) < 0) {
         PyBuffer_Release(&data);
         return NULL;
@@ -1090,7 +1119,7 @@ static PyObject *py_boiler(PyObject *self, PyObject *arg) {
 static PyMethodDef methods[] = {
     {"init", init, METH_VARARGS, "init(so_path, probe1, bytes1, probe2, bytes2, sample_root, kinds, wrappers, ids, words, verdict, boiler_key, junk_ranges, spaces)"},
     {"walk", walk, METH_VARARGS, "walk(root_mem_id, head_mem_id) -> (text, done, rare): see collapse()"},
-    {"nesting", nesting, METH_VARARGS, "nesting(data, keys) -> (count of '<', deepest nesting of those tags)"},
+    {"nesting", nesting, METH_VARARGS, "nesting(data, keys, min_count=0) -> (count of '<', deepest nesting of those tags, 0 below min_count)"},
     {"direct_fields", direct_fields, METH_VARARGS, "direct_fields([on]) -> bool: node fields read directly"},
     {"junk_split", junk_split, METH_O, "junk_split(text) -> ' '.join(_JUNK.sub('', text).split())"},
     {"boiler_key", py_boiler, METH_O, "boiler_key(token: bytes) -> bool, text.py's _boiler_key(token) is not None"},

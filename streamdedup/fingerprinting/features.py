@@ -49,7 +49,16 @@ from types import ModuleType
 import numpy as np
 
 from streamdedup.fingerprinting import kernels
-from streamdedup.fingerprinting.tokens import CLASS_SHIFT, LOW_MASK, NOSPACE_CHAR, WORD, WORD_RE, encode_batch, table
+from streamdedup.fingerprinting.tokens import (
+    CLASS_SHIFT,
+    LOW_MASK,
+    NOSPACE_CHAR,
+    WORD,
+    WORD_RE,
+    bmp_table,
+    encode_batch,
+    table,
+)
 
 __all__ = [
     "FEATURE_SEED",
@@ -113,13 +122,19 @@ def word_hashes_many(texts: Sequence[str], *, compiled: bool | None = None) -> t
     """Word hashes of many texts in one pass: ``(hashes, counts)``.
 
     ``hashes`` holds the word hashes of every text, in order, one after the other; text ``i``
-    has ``counts[i]`` of them.  ``compiled`` picks the path (default: the numba kernel when
-    numba is installed); both give the same bits.
+    has ``counts[i]`` of them.  ``compiled`` picks the path: None (default) the C loop where it
+    was built, else the numba kernel where numba is installed, else numpy; True the numba
+    kernel; False numpy.  All give the same bits.
 
     >>> hashes, counts = word_hashes_many(["a b", "", "Ça va"])
     >>> counts.tolist(), bool(hashes[0] == word_hashes("A")[0])
     ([2, 0, 2], True)
     """
+    if compiled is None and (c := kernels.c_words()) is not None:
+        got = c.word_hashes(texts, bmp_table(), None, FEATURE_SEED, WORD_MUL)
+        if got is None:  # a text beyond U+FFFF: the whole table
+            got = c.word_hashes(texts, bmp_table(), table(), FEATURE_SEED, WORD_MUL)
+        return np.frombuffer(got[0], dtype=_U64), np.frombuffer(got[1], dtype=np.int64)
     if (fast := _kernels(compiled)) is not None:
         batch = encode_batch(texts)
         return fast.word_hashes(batch.codes, batch.bounds, table(batch.codes), _SEED, _WMUL)

@@ -1,11 +1,14 @@
 """Which path computes features and signatures: the compiled numba kernels, or numpy.
 
 The kernels (:mod:`streamdedup.fingerprinting.numba_kernels`) are used when numba can be
-imported; both paths give the same bits.  numba is imported on first use, not when the
+imported; both paths give the same bits.  Word hashes have a third path, in C
+(``_words.c``, built at install where a C compiler is found): it reads each text where Python
+keeps it instead of a copy as code units, with the same bits again; :func:`c_words` gives it.  numba is imported on first use, not when the
 package is imported, so commands that never fingerprint do not pay for it (about 0.3 s, more
 on a busy machine), and a numba that fails to import (for example one built for an older
 numpy) means the numpy path, not an error.  ``STREAMDEDUP_KERNELS=numpy`` in the environment,
-or :func:`numpy_only`, forces the numpy path.
+or :func:`numpy_only`, forces the numpy path; ``STREAMDEDUP_KERNELS=numba`` leaves the C word
+hashes out (for comparing).
 
 ``python -m streamdedup.fingerprinting.warmup`` compiles every kernel into numba's on-disk
 cache (``make install`` runs it), so that the first ``scan`` or worker batch on a fresh
@@ -24,9 +27,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
 
-__all__ = ["available", "compiled", "numpy_only", "warm_up"]
+__all__ = ["available", "c_words", "compiled", "numpy_only", "warm_up"]
 
 _loaded: list[ModuleType | None] = []  # empty until the first attempt
+_c_loaded: list[ModuleType | None] = []
 _forced_off = 0
 
 
@@ -43,6 +47,22 @@ def compiled() -> ModuleType | None:
                 module = None
         _loaded.append(module)
     return _loaded[0]
+
+
+def c_words() -> ModuleType | None:
+    """The C word hashes (``_words.c``), or None: not built, or turned off as :func:`compiled` is,
+    or by ``STREAMDEDUP_KERNELS=numba``."""
+    if _forced_off:
+        return None
+    if not _c_loaded:
+        module = None
+        if os.environ.get("STREAMDEDUP_KERNELS", "").lower() not in ("numpy", "numba"):
+            try:
+                module = importlib.import_module("streamdedup.fingerprinting._words")
+            except ImportError:  # built without a C compiler
+                module = None
+        _c_loaded.append(module)
+    return _c_loaded[0]
 
 
 def available() -> bool:

@@ -141,11 +141,14 @@ def simhash_log_tf(flat, counts):
     Each *distinct* feature of a page votes with weight ``1 + floor(log2(tf))`` (the bit length
     of ``tf``, its number of occurrences in the page); bit ``i`` is 1 when more than half the
     page's total weight has bit ``i`` set.  Integer sums: exact, the same bits as any exact
-    implementation.  (Written for the accumulation in simhash.py; not called on this branch.)
+    implementation.
 
     Occurrences are counted in an open-addressing table per page (the features are mixed
-    hashes, so their low bits index it; 8x faster here than sorting the page), and the weights
-    go into 8 x 256 byte-value sums turned into bit sums once per page.
+    hashes, so their low bits index it; 8x faster here than sorting the page), each slot a
+    feature and its count side by side (one cache line a probe), and the slots taken are listed
+    so that only they are read back.  The weights go into 8 x 256 byte-value sums; each byte's
+    8 bit sums come from halving its 256 sums 8 times (bit 7's sum is the upper half's total,
+    then the halves are added and the same is done for bit 6, and so on).
     """
     n_pages = len(counts)
     out = np.zeros(n_pages, dtype=np.uint64)
@@ -153,9 +156,10 @@ def simhash_log_tf(flat, counts):
     for d in range(n_pages):
         while biggest < 2 * counts[d]:
             biggest *= 2
-    keys = np.empty(biggest, dtype=np.uint64)
-    tfs = np.zeros(biggest, dtype=np.int64)
+    slots = np.zeros(2 * biggest, dtype=np.uint64)  # feature, count; count 0 = empty
+    taken = np.empty(biggest, dtype=np.int64)
     sums = np.zeros(2048, dtype=np.int64)
+    half_sums = np.empty(256, dtype=np.int64)
     pos = 0
     for d in range(n_pages):
         m = counts[d]
@@ -165,37 +169,51 @@ def simhash_log_tf(flat, counts):
         while size < 2 * m:
             size *= 2
         mask = np.uint64(size - 1)
+        n_taken = 0
         for i in range(pos, pos + m):
             x = flat[i]
             h = x & mask
-            while tfs[h] != 0 and keys[h] != x:
+            while True:
+                s = np.int64(h) * 2
+                tf = slots[s + 1]
+                if tf == 0:
+                    slots[s] = x
+                    slots[s + 1] = 1
+                    taken[n_taken] = s
+                    n_taken += 1
+                    break
+                if slots[s] == x:
+                    slots[s + 1] = tf + np.uint64(1)
+                    break
                 h = (h + np.uint64(1)) & mask
-            keys[h] = x
-            tfs[h] += 1
         pos += m
         sums[:] = 0
         total = 0
-        for h in range(size):
-            tf = tfs[h]
-            if tf:
-                tfs[h] = 0
-                w = 0
-                while tf:
-                    w += 1
-                    tf >>= 1
-                total += w
-                x = keys[h]
-                for j in range(8):
-                    sums[j * 256 + np.int64((x >> np.uint64(8 * j)) & np.uint64(255))] += w
+        for t in range(n_taken):
+            s = taken[t]
+            tf = slots[s + 1]
+            slots[s + 1] = 0
+            w = 0
+            while tf:
+                w += 1
+                tf >>= np.uint64(1)
+            total += w
+            x = slots[s]
+            for j in range(8):
+                sums[j * 256 + np.int64((x >> np.uint64(8 * j)) & np.uint64(255))] += w
         fp = np.uint64(0)
         for j in range(8):
-            for i in range(8):
+            for v in range(256):
+                half_sums[v] = sums[j * 256 + v]
+            half = 128
+            for i in range(7, -1, -1):
                 ones = 0
-                for v in range(256):
-                    if (v >> i) & 1:
-                        ones += sums[j * 256 + v]
+                for v in range(half):
+                    ones += half_sums[half + v]
+                    half_sums[v] += half_sums[half + v]
                 if 2 * ones > total:
                     fp |= np.uint64(1) << np.uint64(8 * j + i)
+                half >>= 1
         out[d] = fp
     return out
 

@@ -49,6 +49,7 @@ __all__ = [
     "CLASS_SHIFT",
     "LOW_MASK",
     "table",
+    "bmp_table",
     "Batch",
     "encode_batch",
 ]
@@ -74,6 +75,11 @@ def table(codes: np.ndarray | None = None) -> np.ndarray:
     if codes is not None and codes.dtype.itemsize <= 2:
         return _table(0x10000)
     return _table(_UNICODE)
+
+
+def bmp_table() -> np.ndarray:
+    """:func:`table`'s first 65,536 entries (the Basic Multilingual Plane), built on their own."""
+    return _table(0x10000)
 
 
 @lru_cache(maxsize=2)
