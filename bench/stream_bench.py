@@ -200,6 +200,14 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
+def broker_cpu_seconds(kafka) -> float:
+    """CPU seconds of the broker so far (its pid file), 0.0 if it cannot be read."""
+    try:
+        return cpu_seconds(int((kafka.run_dir / "kafka.pid").read_text().split()[0]))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def scan_rate(records: list[dict]) -> tuple[float, float, dict]:
     """Pages/s of the embedded engine on the same records, its CPU ms per page; its verdicts."""
     data, out = "".join(json.dumps(r) + "\n" for r in records).encode(), io.StringIO()
@@ -227,9 +235,10 @@ async def backlog(kafka, args, records: list[dict], n_workers: int, env: dict | 
         finally:
             for w in ws:
                 w.proc.send_signal(signal.SIGCONT)
-        t0, cpu0 = time.time(), sum(cpu_seconds(w.proc.pid) for w in ws)
+        t0, cpu0, broker0 = time.time(), sum(cpu_seconds(w.proc.pid) for w in ws), broker_cpu_seconds(kafka)
         await got.wait(len(records), args.timeout)
         cpu = sum(cpu_seconds(w.proc.pid) for w in ws) - cpu0  # the workers and their pool processes
+        broker_cpu = broker_cpu_seconds(kafka) - broker0
     t = sorted(got.at.values())
     lo, hi = int(0.1 * len(t)), int(0.9 * len(t)) - 1
     steady = (hi - lo) / (t[hi] - t[lo]) if t[hi] > t[lo] else float("nan")  # nan: all in one commit
@@ -238,6 +247,7 @@ async def backlog(kafka, args, records: list[dict], n_workers: int, env: dict | 
         "steady_per_s": steady,
         "first_verdict_s": t[0] - t0,
         "cpu_ms_per_page": cpu * 1000 / len(t),
+        "broker_cpu_ms_per_page": broker_cpu * 1000 / len(t),
         "load_avg": os.getloadavg()[0],
         "duplicates": got.received - len(t),
         "rebalances": sum(x > t0 for w in ws for x in log_times(w, SETTLED)),
@@ -311,11 +321,12 @@ async def latency(kafka, args, records: list[dict], rate: float) -> dict:
             ws = await start_workers(kafka, topics, args.workdir, 1, worker_env(args))
             await asyncio.gather(*[await paced.send() for _ in range(warmup)])
             await got.wait(warmup, args.timeout)
-            cpu0 = cpu_seconds(ws[0].proc.pid)
+            cpu0, broker0 = cpu_seconds(ws[0].proc.pid), broker_cpu_seconds(kafka)
             phases0 = phase_histograms(ws[0])
             await paced.run(rate, args.latency_seconds)
             await got.wait(paced.count, args.timeout)
             cpu = cpu_seconds(ws[0].proc.pid) - cpu0  # the worker and its pool processes
+            broker_cpu = broker_cpu_seconds(kafka) - broker0
             load = os.getloadavg()[0]
             await asyncio.sleep(0.5)  # (the worker observes a page's phases just after its commit)
             phases = phase_figures(phases0, phase_histograms(ws[0]))
@@ -332,6 +343,7 @@ async def latency(kafka, args, records: list[dict], rate: float) -> dict:
         "max_s": lat[warmup:].max(),
         "warmup_max_s": lat[:warmup].max(),
         "cpu_ms_per_page": cpu * 1000 / max(1, paced.count - warmup),
+        "broker_cpu_ms_per_page": broker_cpu * 1000 / max(1, paced.count - warmup),
         "load_avg": load,
         **phases,
         "log_problems": await stop_all(ws),
