@@ -85,9 +85,11 @@ def warm_up() -> bool:
     """Compile (or load from the cache) every kernel, for ASCII, BMP and astral texts alike."""
     if not available():
         return False
+    from streamdedup.fingerprinting.features import word_hashes_many
     from streamdedup.fingerprinting.pages import Fingerprints  # here: pages imports this module
 
     for texts in (["ascii words"], ["Wörter, 東京"], ["emoji 😀 words"]):
+        word_hashes_many(texts, compiled=True)  # (the numba word kernel, where the C one is used)
         fingerprints = Fingerprints(texts)
         fingerprints.minhash  # noqa: B018
         fingerprints.cluster_keys()
