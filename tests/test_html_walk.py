@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -239,6 +240,29 @@ def test_the_nesting_count_is_every_lt(data):
             assert deepest == 0
 
 
+_UTF8_PIECES = ["a" * 9, "abcdefg", "é", "\u00ff", "\u0100", "\u07ff", "\u0800", "\uffff", "\ud800", "\udfff",
+                 "\ud83d", "\ude00", "😀", "\U0010ffff", "<p>", "\x7f", "\x80", "東京"]  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.text(max_size=80)
+    | st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x10FFFF, codec=None), max_size=80)
+    | st.lists(st.sampled_from(_UTF8_PIECES), max_size=30).map("".join)
+)
+def test_the_utf8_of_a_page_is_pythons(text):
+    # the page's bytes for lexbor: encode("utf-8", "replace"), lone surrogates "?", in 1-, 2- and
+    # 4-byte texts, across the blocks copied at once and their tails
+    assert T._C.to_utf8(text) == text.encode("utf-8", "replace") == T._utf8(text, compiled=False)
+    for cut in (1, 3, 5, 9):
+        assert T._C.to_utf8(text[cut:]) == text[cut:].encode("utf-8", "replace")
+
+
+def test_utf8_refuses_what_is_not_a_text():
+    with pytest.raises(TypeError, match="text must be str, not bytes"):
+        T._C.to_utf8(b"abc")
+
+
 def test_walks_in_threads_at_once():
     # A walk calls into text.py for non-ASCII attributes, and another thread may walk meanwhile:
     # each must keep its own text.
@@ -358,7 +382,13 @@ def test_install_without_a_c_compiler_keeps_the_python_walk(tmp_path):
     from streamdedup.fingerprinting.pages import simhash_texts
 
     # the Python walk and the numba word hashes: the same text and the same fingerprints
-    assert out.stdout.strip().split("|") == ["True", "True", "True", repr(T._html_text(html)), str(simhash_texts(texts).tolist())]
+    assert out.stdout.strip().split("|") == [
+        "True",
+        "True",
+        "True",
+        repr(T._html_text(html)),
+        str(simhash_texts(texts).tolist()),
+    ]
 
 
 def test_the_switch_to_the_python_walk():

@@ -1116,11 +1116,77 @@ static PyObject *py_boiler(PyObject *self, PyObject *arg) {
     return PyBool_FromLong(r);
 }
 
+/* ---------------------------------------------------------------- the page's UTF-8 for lexbor */
+/* to_utf8(text) -> text.encode("utf-8", "replace"): a lone surrogate becomes "?".  CPython's encoder
+ * goes a character at a time; here eight characters of a one-byte text, or four of a two-byte one, are
+ * copied at once while they are ASCII (most of a page's markup). */
+static inline uchar *put_cp(uchar *o, Py_UCS4 c) {
+    if (c < 0x80)
+        *o++ = (uchar)c;
+    else if (c < 0x800)
+        *o++ = (uchar)(0xC0 | c >> 6), *o++ = (uchar)(0x80 | (c & 0x3F));
+    else if (c >= 0xD800 && c <= 0xDFFF)
+        *o++ = '?';
+    else if (c < 0x10000)
+        *o++ = (uchar)(0xE0 | c >> 12), *o++ = (uchar)(0x80 | ((c >> 6) & 0x3F)), *o++ = (uchar)(0x80 | (c & 0x3F));
+    else
+        *o++ = (uchar)(0xF0 | c >> 18), *o++ = (uchar)(0x80 | ((c >> 12) & 0x3F)),
+        *o++ = (uchar)(0x80 | ((c >> 6) & 0x3F)), *o++ = (uchar)(0x80 | (c & 0x3F));
+    return o;
+}
+
+static PyObject *to_utf8(PyObject *self, PyObject *text) {
+    if (!PyUnicode_Check(text)) {
+        PyErr_Format(PyExc_TypeError, "text must be str, not %.80s", Py_TYPE(text)->tp_name);
+        return NULL;
+    }
+    if (PyUnicode_READY(text) < 0) return NULL;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    int kind = PyUnicode_KIND(text);
+    if (PyUnicode_IS_ASCII(text)) return PyBytes_FromStringAndSize((const char *)PyUnicode_DATA(text), n);
+    if (n > PY_SSIZE_T_MAX / 4) return PyErr_NoMemory();
+    /* room for the worst case, cut to size at the end (as CPython's encoder does) */
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * (kind == PyUnicode_1BYTE_KIND ? 2 : kind == PyUnicode_2BYTE_KIND ? 3 : 4));
+    if (!out) return NULL;
+    uchar *o = (uchar *)PyBytes_AS_STRING(out);
+    Py_ssize_t i = 0;
+    if (kind == PyUnicode_1BYTE_KIND) {
+        const Py_UCS1 *s = PyUnicode_1BYTE_DATA(text);
+        while (i < n) {
+            uint64_t x;
+            if (i + 8 <= n && (memcpy(&x, s + i, 8), !(x & 0x8080808080808080ull))) {
+                memcpy(o, &x, 8);
+                o += 8, i += 8;
+                continue;
+            }
+            o = put_cp(o, s[i++]);
+        }
+    } else if (kind == PyUnicode_2BYTE_KIND) {
+        const Py_UCS2 *s = PyUnicode_2BYTE_DATA(text);
+        while (i < n) {
+            uint64_t x;
+            if (i + 4 <= n && (memcpy(&x, s + i, 8), !(x & 0xFF80FF80FF80FF80ull))) {
+                /* four code units below 0x80: their low bytes */
+                o[0] = (uchar)x, o[1] = (uchar)(x >> 16), o[2] = (uchar)(x >> 32), o[3] = (uchar)(x >> 48);
+                o += 4, i += 4;
+                continue;
+            }
+            o = put_cp(o, s[i++]);
+        }
+    } else {
+        const Py_UCS4 *s = PyUnicode_4BYTE_DATA(text);
+        for (; i < n; i++) o = put_cp(o, s[i]);
+    }
+    if (_PyBytes_Resize(&out, (Py_ssize_t)(o - (uchar *)PyBytes_AS_STRING(out))) < 0) return NULL;
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"init", init, METH_VARARGS, "init(so_path, probe1, bytes1, probe2, bytes2, sample_root, kinds, wrappers, ids, words, verdict, boiler_key, junk_ranges, spaces)"},
     {"walk", walk, METH_VARARGS, "walk(root_mem_id, head_mem_id) -> (text, done, rare): see collapse()"},
     {"nesting", nesting, METH_VARARGS, "nesting(data, keys, min_count=0) -> (count of '<', deepest nesting of those tags, 0 below min_count)"},
     {"direct_fields", direct_fields, METH_VARARGS, "direct_fields([on]) -> bool: node fields read directly"},
+    {"to_utf8", to_utf8, METH_O, "to_utf8(text) -> text.encode('utf-8', 'replace')"},
     {"junk_split", junk_split, METH_O, "junk_split(text) -> ' '.join(_JUNK.sub('', text).split())"},
     {"boiler_key", py_boiler, METH_O, "boiler_key(token: bytes) -> bool, text.py's _boiler_key(token) is not None"},
     {NULL, NULL, 0, NULL},

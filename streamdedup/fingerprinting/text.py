@@ -623,4 +623,9 @@ def visible_text(content: str | bytes, content_type: str | None = None, charset:
         return normalize_text(
             data_or_text if isinstance(data_or_text, str) else data_or_text.decode("utf-8", "replace")
         )
-    return _html_text(data_or_text if isinstance(data_or_text, bytes) else data_or_text.encode("utf-8", "replace"))
+    return _html_text(data_or_text if isinstance(data_or_text, bytes) else _utf8(data_or_text))
+
+
+def _utf8(text: str, compiled: bool = True) -> bytes:
+    """``text.encode("utf-8", "replace")`` (a lone surrogate becomes "?"), in C where it was built."""
+    return _C.to_utf8(text) if compiled and _C is not None else text.encode("utf-8", "replace")
