@@ -119,7 +119,7 @@ static PyObject *word_hashes(PyObject *self, PyObject *args) {
         goto done;
     }
     if (get_table(bmp_obj, &bmp, 0x10000) < 0) goto done;
-    if (astral && get_table(full_obj, &full, 0x110000) < 0) goto done;
+    if (full_obj != Py_None && get_table(full_obj, &full, 0x110000) < 0) goto done;
     /* at most one word per code point */
     out = PyMem_Malloc((size_t)(total ? total : 1) * sizeof(uint64_t));
     counts = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
@@ -155,9 +155,10 @@ static PyObject *word_hashes(PyObject *self, PyObject *args) {
             end = words_Py_UCS2(PyUnicode_2BYTE_DATA(text), len, bmp.buf, seed, mul, end);
             break;
         default:
-            if (!full.buf) { /* only a lowered text can get here */
+            if (!full.buf) { /* only a lowered text can get here: ask for the table, as for any other */
                 Py_XDECREF(lowered);
-                PyErr_SetString(PyExc_ValueError, "a text needs the full code-point table");
+                result = Py_None;
+                Py_INCREF(result);
                 goto done;
             }
             end = words_Py_UCS4(PyUnicode_4BYTE_DATA(text), len, full.buf, seed, mul, end);
