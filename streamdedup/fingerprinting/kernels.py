@@ -3,10 +3,11 @@
 The kernels (:mod:`streamdedup.fingerprinting.numba_kernels`) are used when numba can be
 imported; both paths give the same bits.  Word hashes have a third path, in C
 (``_words.c``, built at install where a C compiler is found): it reads each text where Python
-keeps it instead of a copy as code units, with the same bits again; :func:`c_words` gives it.  numba is imported on first use, not when the
-package is imported, so commands that never fingerprint do not pay for it (about 0.3 s, more
-on a busy machine), and a numba that fails to import (for example one built for an older
-numpy) means the numpy path, not an error.  ``STREAMDEDUP_KERNELS=numpy`` in the environment,
+keeps it instead of a copy as code units, with the same bits again; :func:`c_words` gives it.
+
+numba is imported on first use, not when the package is imported, so commands that never
+fingerprint do not pay for it (about 0.3 s, more on a busy machine), and a numba that fails to
+import (for example one built for an older numpy) means the numpy path, not an error.  ``STREAMDEDUP_KERNELS=numpy`` in the environment,
 or :func:`numpy_only`, forces the numpy path; ``STREAMDEDUP_KERNELS=numba`` leaves the C word
 hashes out (for comparing).
 
