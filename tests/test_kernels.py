@@ -115,6 +115,24 @@ def test_the_c_word_hashes_are_built_here():
     assert kernels.c_words() is not None, "streamdedup/fingerprinting/_words.c was not built: pip install -e . again"
 
 
+@pytest.mark.parametrize("value, c, numba", [("numba", False, True), ("numpy", False, False), ("", True, True)])
+def test_the_kernels_switch(value, c, numba):
+    # README: STREAMDEDUP_KERNELS=numba picks the numba word kernel where the C one is built too;
+    # kernels.py: =numpy the numpy path for everything.  The same fingerprints either way.
+    code = (
+        "import json; from streamdedup.fingerprinting import kernels; "
+        "from streamdedup.fingerprinting.pages import simhash_texts; "
+        "print(json.dumps([kernels.c_words() is not None, kernels.available(), "
+        "simhash_texts(['Ünïcödé words and more words', 'ascii text here']).tolist()]))"
+    )
+    env = {"PATH": "", "PYTHONPATH": ":".join(sys.path), "STREAMDEDUP_KERNELS": value}
+    got = json.loads(
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    )
+    want = Fingerprints(["Ünïcödé words and more words", "ascii text here"]).simhash.tolist()
+    assert got == [c, numba, want]
+
+
 def test_c_word_hashes_refuse_what_is_not_a_text():
     c = kernels.c_words()
     with pytest.raises(TypeError, match="texts must be str, not bytes"):
