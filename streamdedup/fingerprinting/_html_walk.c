@@ -520,6 +520,13 @@ static node_t *ancestor(node_t *n, const uintptr_t *stop, int nstop) {
  * (text, done, rare): for an ASCII text, the rest of normalize_text's ASCII branch has run (done); else
  * rare is what normalize_text would compute next, the text's UTF-8 bytes without printable ASCII, or
  * None if the bytes were not valid UTF-8 (a "replace" decode changes them). */
+/* The high bit of each byte of x that is 0, exactly (the low 7 bits are added without a carry out of
+ * their byte), and no other bit: the 8-byte tests below on x ^ (a byte repeated). */
+static inline uint64_t zero_bytes(uint64_t x) {
+    const uint64_t lows = 0x7f7f7f7f7f7f7f7full;
+    return ~(((x & lows) + lows) | x | lows);
+}
+
 static uchar space_map[256];  /* \n \t \r -> space, any other byte itself */
 static uchar byte_class[256]; /* 1: >= 0x80, 2: a control but \n \t \r, 4: 0xC2 (maybe a C2 A0 pair) */
 static uchar is_rare[256];    /* not printable ASCII (nor a space) */
@@ -532,14 +539,14 @@ static PyObject *collapse(buf *s, buf *rare_bytes) {
     rare_bytes->n = 0;
     if (put(rare_bytes, NULL, n_in) < 0) return NULL; /* room for every byte; filled below */
     uchar *rb = rare_bytes->b;
-    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull, lows = 0x7f7f7f7f7f7f7f7full;
+    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
     for (size_t r = 0; r < n_in; r++) {
         while (r + 8 <= n_in) { /* 8 bytes of printable ASCII, no two spaces together: as they are */
             uint64_t x, sp;
             memcpy(&x, b + r, 8);
             uint64_t v = x ^ (ones * ' '), del = x ^ (ones * 0x7f);
             if ((x | ((x - ones * 0x20) & ~x) | ((del - ones) & ~del)) & highs) break; /* >= 0x80, < 0x20, 0x7f */
-            sp = ~(((v & lows) + lows) | v) & highs; /* the high bit of each space byte */
+            sp = zero_bytes(v); /* the high bit of each space byte */
             if (sp & ((sp << 8) | (uint64_t)(prev == ' ') << 7)) break;
             memmove(b + w, b + r, 8);
             w += 8;
@@ -813,16 +820,13 @@ static int load_keys(PyObject *keys_obj) {
     return 0;
 }
 
-/* The number of '<' in a[0..n): eight bytes at a time (a byte of x is 0 where a has '<'; its high bit
- * in z marks it, exactly: the low 7 bits are added without a carry out of the byte). */
+/* The number of '<' in a[0..n), eight bytes at a time. */
 static Py_ssize_t count_lt(const uchar *a, Py_ssize_t n) {
-    const uint64_t lows = 0x7f7f7f7f7f7f7f7full, lt = 0x3c3c3c3c3c3c3c3cull;
     Py_ssize_t count = 0, i = 0;
     for (; i + 8 <= n; i += 8) {
         uint64_t x;
         memcpy(&x, a + i, 8);
-        x ^= lt;
-        uint64_t z = ~(((x & lows) + lows) | x | lows);
+        uint64_t z = zero_bytes(x ^ 0x3c3c3c3c3c3c3c3cull); /* the '<' bytes */
         count += (Py_ssize_t)(((z >> 7) * 0x0101010101010101ull) >> 56); /* its bytes (0 or 1) summed */
     }
     for (; i < n; i++) count += a[i] == '<';
