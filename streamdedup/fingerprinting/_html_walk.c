@@ -250,16 +250,50 @@ static inline node_t *following(node_t *n, node_t *root) {
     return n == root ? NULL : lx_next(n);
 }
 
-/* The bytes of the text nodes under `root`, in document order: selectolax's `node.text()` before its
- * decode (lxb_dom_node_simple_walk from the first child, text nodes by tag id). */
+/* Whether the walk spaces element n off from its neighbours: text.py's walk inserts a " " text node
+ * before and after every block element (kinds 1, 3, 4 and custom elements), which `node.text()`
+ * then meets in document order.  Here none is inserted while the element stays: gather_text gives
+ * the same bytes on entering and leaving it, and an element removed later gets its two real spaces
+ * first (remove_spaced), where text.py's stay behind it. */
+static inline int spaced_tag(uintptr_t t) {
+    if (t >= 0x10000) return 1; /* a custom element (only elements have such ids) */
+    uchar k = (Py_ssize_t)t < n_kinds ? kinds[t] : 0;
+    return k && k != 2 && k != 5;
+}
+
+/* The bytes of the text nodes under `root`, in document order, with the spaces of the block
+ * elements under it (not of root itself, whose spaces are its siblings): selectolax's
+ * `node.text()` before its decode, on text.py's tree. */
 static int gather_text(node_t *root, buf *out) {
-    for (node_t *n = lx_first_child(root); n; n = following(n, root))
-        if (lx_tag_id(n) == T_TEXT) {
+    node_t *n = lx_first_child(root);
+    while (n) {
+        uintptr_t t = lx_tag_id(n);
+        if (t == T_TEXT) {
             const uchar *d;
             size_t len;
             text_of(n, &d, &len);
             if (d && put(out, d, len) < 0) return -1;
+        } else if (spaced_tag(t) && put(out, (const uchar *)" ", 1) < 0)
+            return -1;
+        node_t *c = lx_first_child(n);
+        if (c) {
+            n = c;
+            continue;
         }
+        for (;;) { /* n's subtree is done: its closing space, then the next node in document order */
+            if (lx_tag_id(n) != T_TEXT && spaced_tag(lx_tag_id(n)) && put(out, (const uchar *)" ", 1) < 0) return -1;
+            node_t *next = lx_next(n);
+            if (next) {
+                n = next;
+                break;
+            }
+            n = lx_parent(n);
+            if (!n || n == root) {
+                n = NULL;
+                break;
+            }
+        }
+    }
     return 0;
 }
 
@@ -291,6 +325,13 @@ static int insert_space(node_t *doc, node_t *n, int after) {
         return -1;
     }
     (after ? lx_insert_after : lx_insert_before)(n, sp);
+    return 0;
+}
+
+/* Remove element n from the tree, leaving its spaces (spaced_tag) as text nodes where it was. */
+static int remove_spaced(node_t *doc, node_t *n) {
+    if (spaced_tag(lx_tag_id(n)) && (insert_space(doc, n, 0) < 0 || insert_space(doc, n, 1) < 0)) return -1;
+    lx_remove(n);
     return 0;
 }
 
@@ -613,9 +654,10 @@ static PyObject *collapse(buf *s, buf *rare_bytes) {
 /* text.py's first loop, over `tree.css("*")`: every element in document order, the root among them.
  * The Python walk lists them all before it changes the tree; here the tree is walked as it changes,
  * which meets the same elements in the same order: a removed element (always dropped) is walked on
- * into, and left for where its next sibling was; the space nodes inserted are not elements.
+ * into, and left for where its next sibling was.  The spaces text.py inserts around blocks are not
+ * inserted (gather_text gives them: spaced_tag).
  * cands: the elements to drop, their pointer's low bit set if by their attributes. */
-static int first_pass(node_t *root, node_t *doc, nodes *cands, nodes *mains, nodes *articles) {
+static int first_pass(node_t *root, nodes *cands, nodes *mains, nodes *articles) {
     struct removed {
         node_t *e, *next, *parent;
     } *rm = NULL;
@@ -646,7 +688,6 @@ static int first_pass(node_t *root, node_t *doc, nodes *cands, nodes *mains, nod
                 lx_remove(n);
             } else if (k) {
                 int v = -2;
-                if (k != 5 && (insert_space(doc, n, 0) < 0 || insert_space(doc, n, 1) < 0)) goto out;
                 if (k == 3) {
                     if (push(cands, n) < 0) goto out;
                 } else if ((v = verdict(n)) == -1)
@@ -723,7 +764,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     buf *scratch = kept ? &kept_text : &own_text, *rare = kept ? &kept_rare : &own_rare;
 
     if (head) lx_remove(head);
-    if (first_pass(root, doc, &cands, &mains, &articles) < 0) goto done;
+    if (first_pass(root, &cands, &mains, &articles) < 0) goto done;
     nodes *anchors = mains.n ? &mains : &articles;
     for (Py_ssize_t i = 0; i < anchors->n; i++)
         if (set_add(&protected, anchors->a[i]) < 0) goto done;
@@ -750,14 +791,14 @@ static PyObject *walk(PyObject *self, PyObject *args) {
             uintptr_t at = lx_tag_id(a ? a : root);
             if (at == T_MAIN || at == T_ARTICLE) continue; /* an article's header holds its title */
         }
-        lx_remove(n);
+        if (remove_spaced(doc, n) < 0) goto done;
     }
     for (Py_ssize_t i = 0; i < forms.n; i++) { /* search/login forms go; one wrapping the page stays */
         node_t *f = forms.a[i];
         if (set_has(&protected, f) || !ancestor(f, stop, 1)) continue;
         Py_ssize_t size = text_len(f, scratch);
         if (size < 0) goto done;
-        if (size < 1000 && !has_element(f, T_H1, T_H2, T_MAIN, T_ARTICLE)) lx_remove(f);
+        if (size < 1000 && !has_element(f, T_H1, T_H2, T_MAIN, T_ARTICLE) && remove_spaced(doc, f) < 0) goto done;
     }
     scratch->n = 0;
     if (gather_text(root, scratch) < 0) goto done;
