@@ -17,7 +17,7 @@ STAMPS := .stamps
 install: $(STAMPS)/python $(STAMPS)/debian $(STAMPS)/kafka
 
 # (after the Debian packages: gcc builds the C text walk and word hashes at `pip install`)
-$(STAMPS)/python: pyproject.toml setup.py $(wildcard streamdedup/fingerprinting/*.c) $(STAMPS)/debian
+$(STAMPS)/python: pyproject.toml setup.py $(wildcard streamdedup/fingerprinting/*.c streamdedup/engine/*.c) $(STAMPS)/debian
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "streamdedup needs Python >= 3.11; set PYTHON=python3.11")'
 	@mkdir -p $(STAMPS)
 	@echo "== installing streamdedup and its test dependencies into $(VENV)"

@@ -50,7 +50,7 @@ def test_warc_response_becomes_the_worker_record():
         "fetched_at": "2026-03-01T10:00:00Z",
         "id": "http://a/cafe",
     }
-    assert page_from_json(value, LIMIT).content.endswith("café crème</p>")
+    assert page_from_json(value, LIMIT).content.text().endswith("café crème</p>")
 
 
 def test_charset_from_the_content_type_when_the_page_has_none():

@@ -9,12 +9,14 @@ hypothesis soups of the same parts, whitespace, entities, controls and non-ASCII
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from streamdedup.engine.records import Page
 from streamdedup.fingerprinting import text as T
 
 DATA = Path(__file__).parent / "data" / "html"
@@ -360,15 +362,18 @@ def test_install_without_a_c_compiler_keeps_the_python_walk(tmp_path):
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert not list((tmp_path / "t" / "streamdedup" / "fingerprinting").glob("*.so"))  # (nothing built)
+    assert not list((tmp_path / "t" / "streamdedup").rglob("*.so"))  # (nothing built)
     html = b"<p>a</p><nav>x</nav><div class=sidebar>y</div><p>b\xc2\xa0c \xc2\xad</p>"
     texts = ["Ünïcödé words, ΟΔΟΣ and İstanbul", "ascii words here", "東京タワー 😀 emoji"]
+    record = json.dumps({"url": "http://a/", "content": html.decode()}).encode()
     check = (
         "import streamdedup.fingerprinting.text as T; "
+        "import streamdedup.engine.records as R; "
         "from streamdedup.fingerprinting import kernels; "
         "from streamdedup.fingerprinting.pages import simhash_texts; "
-        f"print(T.__file__.startswith({str(tmp_path)!r}), T._C is None, kernels.c_words() is None, "
-        f"repr(T._html_text({html!r})), simhash_texts({texts!r}).tolist(), sep='|')"
+        f"print(T.__file__.startswith({str(tmp_path)!r}), T._C is None, kernels.c_words() is None, R._C is None, "
+        f"repr(T._html_text({html!r})), simhash_texts({texts!r}).tolist(), repr(R.page_from_json({record!r})), "
+        "sep='|')"
     )
     out = subprocess.run(
         [sys.executable, "-c", check],
@@ -381,13 +386,15 @@ def test_install_without_a_c_compiler_keeps_the_python_walk(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     from streamdedup.fingerprinting.pages import simhash_texts
 
-    # the Python walk and the numba word hashes: the same text and the same fingerprints
+    # the Python walk, the numba word hashes, records read by orjson: the same text, fingerprints, page
     assert out.stdout.strip().split("|") == [
+        "True",
         "True",
         "True",
         "True",
         repr(T._html_text(html)),
         str(simhash_texts(texts).tolist()),
+        repr(Page("http://a/", "http://a/", html.decode())),
     ]
 
 

@@ -8,13 +8,14 @@ import io
 import json
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
 
 from streamdedup.engine.records import Page, page_from_json, read_jsonl, read_pages, read_warc
 from streamdedup.errors import RecordError
+from streamdedup.fingerprinting.text import Utf8Text, visible_text
 
 
 def test_good_record_and_defaults():
@@ -239,10 +240,159 @@ def outcome(raw):
 def test_records_read_by_orjson_are_read_as_by_json(raw):
     import streamdedup.engine.records as records
 
-    with_orjson = outcome(raw)
-    saved, records.orjson = records.orjson, None
+    saved_c, records._C = records._C, None  # (the plain record's reader in C: the test below)
     try:
-        assert records.orjson is None and outcome(raw) == with_orjson
+        with_orjson = outcome(raw)
+        saved, records.orjson = records.orjson, None
+        try:
+            assert records.orjson is None and outcome(raw) == with_orjson
+        finally:
+            records.orjson = saved
     finally:
-        records.orjson = saved
+        records._C = saved_c
     assert saved is not None  # (the test compares two ways of reading only while orjson is installed)
+
+
+# ---------------------------------------------------------------- the plain record's reader in C
+def test_the_plain_record_reader_is_built():
+    import streamdedup.engine.records as records
+
+    assert records._C is not None, "streamdedup/engine/_records.c was not built: pip install -e . again"
+
+
+TEXTS = st.text(
+    st.one_of(
+        st.characters(codec="utf-8"),  # (no lone surrogate: they come from SURROGATE_TEXTS)
+        st.sampled_from(
+            ['"', "\\", "/", "\n", "\r", "\t", "\b", "\f", "\x00", "\x01", "\x1c", "\x1f", "\x7f"]
+            + ["\u2028", "\xa0", "\u3000", "\ufeff", "😀", "é", "<", ">", " "]
+        ),
+    ),
+    max_size=40,
+)
+SURROGATE_TEXTS = st.builds(
+    lambda a, s, b: a + s + b, TEXTS, st.sampled_from(["\ud800", "\udfff", "\udbff\udc00"]), TEXTS
+)
+PLAIN = st.fixed_dictionaries(
+    {"url": st.one_of(st.just("http://a/"), TEXTS), "content": st.one_of(st.just("<p>hi there</p>"), TEXTS)},
+    optional={
+        "id": st.one_of(st.none(), TEXTS, st.integers()),
+        "content_type": st.one_of(st.none(), st.just("text/html"), st.just("text/plain"), TEXTS),
+        "fetched_at": st.one_of(st.none(), st.just("2026-01-01T00:00:00Z"), TEXTS),
+        "extra": JSON_VALUES,
+    },
+)
+
+
+def _dumps(d: dict, ascii_only: bool, spaced: bool) -> bytes:
+    seps = (" ,\n ", " : ") if spaced else (",", ":")
+    return json.dumps(d, ensure_ascii=ascii_only, separators=seps).encode("utf-8", "surrogatepass")
+
+
+def _mutate(raw: bytes, at: int, how: int, byte: int) -> bytes:
+    at %= len(raw) + 1
+    return [raw[:at], raw[:at] + bytes([byte]) + raw[at:], raw[:at] + raw[at + 1 :], raw + b" \t\r\n"][how]
+
+
+RAW_RECORDS = st.one_of(
+    st.builds(_dumps, PLAIN, st.booleans(), st.booleans()),
+    st.builds(_dumps, PLAIN.map(lambda d: {**d, "content": d["content"] + "x"}), st.booleans(), st.booleans()),
+    st.builds(lambda d, t: _dumps({**d, "content": t}, True, False), PLAIN, SURROGATE_TEXTS),
+    st.builds(
+        _mutate,
+        st.builds(_dumps, PLAIN, st.booleans(), st.booleans()),
+        st.integers(0, 10**6),
+        st.integers(0, 3),
+        st.integers(0, 255),
+    ),
+    st.sampled_from(
+        [
+            b'{"url": "a", "url": "b", "content": "x"}',  # a key twice: the last wins in json
+            b'{"url": "a", "content": "x", "content": "y"}',
+            b'{"u\\u0072l": "a", "content": "x"}',  # an escape in a key
+            b'{"url": "a", "content": "x\\u0000y"}',
+            b'{"url": "a", "content": "\\u00a0\\u2003 "}',  # only spaces, by str.isspace
+            b'{"url": "a", "content": "\\u001c\\u001d"}',
+            b'{"url": "a", "content": "\xc2\xa0\xe2\x80\x83"}',
+            b'{"url": "a", "content": "\xed\xa0\x80"}',  # a surrogate in UTF-8: not UTF-8
+            b'{"url": "a", "content": "\xc0\xaf"}',  # an overlong form
+            b'{"url": "a", "content": "\xf4\x90\x80\x80"}',  # above U+10FFFF
+            b'{"url": "a", "content": "x\\q"}',
+            b'{"url": "a\\/b", "content": "<p>\\"\\\\\\/\\b\\f\\n\\r\\t\\u00E9\\uD83D\\uDE00</p>"}',  # every escape
+            b'{"url": "a", "content": "x\\u12G4"}',
+            b'{"url": "a", "content": "x"} {}',
+            b'{"url": "a", "content": "x",}',
+            b'{"url": "a" "content": "x"}',
+            b'{"url": null, "content": "x"}',
+            b'{"url": "a", "content": "x", "id": null, "content_type": null, "fetched_at": null}',
+            b'{"url": "a", "content": "x", "id": true}',
+            b'\xef\xbb\xbf{"url": "a", "content": "x"}',
+            b"{}",
+            b" { } ",
+            b'{"url": "a", "content": "' + b"\\u0001" * 30 + b'<p>x</p>"}',  # binary by its controls
+        ]
+    ),
+)
+
+
+def _reading(raw: bytes):
+    try:
+        page = page_from_json(raw)
+    except RecordError as e:
+        return ("error", e.reason, str(e))
+    content = page.content.text() if isinstance(page.content, Utf8Text) else page.content
+    try:
+        text = visible_text(page.content, page.content_type)
+    except RecordError as e:
+        text = ("error", e.reason, str(e))
+    return (page.id, page.url, content, page.content_type, page.fetched_at, text)
+
+
+@settings(max_examples=600, deadline=None)
+@given(RAW_RECORDS)
+def test_the_c_reader_reads_a_record_as_orjson_and_json_do(raw):
+    # The same page (its content as the same text) and the same visible text, or the same error,
+    # whether the record is plain (read in C) or not (read by orjson and json as before).
+    import streamdedup.engine.records as records
+
+    fast = _reading(raw)
+    saved, records._C = records._C, None
+    try:
+        assert _reading(raw) == fast
+    finally:
+        records._C = saved
+
+
+@given(st.one_of(TEXTS, st.text(st.sampled_from(" \t\n\x0b\x0c\r\x1c\x1d\x1e\x1f\x85\xa0\u2003\u3000x\x01"))))
+def test_the_checks_of_a_utf8_text_are_those_of_its_str(text):
+    from streamdedup.fingerprinting.text import _check_text, _check_utf8_text
+
+    def check(f, arg):
+        try:
+            f(arg)
+        except RecordError as e:
+            return (e.reason, str(e))
+
+    assert check(_check_utf8_text, text.encode()) == check(_check_text, text)
+
+
+@pytest.mark.parametrize("ascii_only", [True, False])
+def test_a_plain_record_is_read_in_c_and_its_content_stays_utf8(ascii_only):
+    import streamdedup.engine.records as records
+
+    content = '<p class="a">Café — “quoted”\n\ttabs \\ slash/ 😀 \u2028</p>'
+    raw = json.dumps(
+        {"url": "http://a/é", "content": content, "id": "i", "content_type": None}, ensure_ascii=ascii_only
+    )
+    assert records._C.flat_record(raw.encode()) is not None  # (so the test above compares two readers)
+    page = page_from_json(raw.encode())
+    assert isinstance(page.content, Utf8Text) and page.content.data == content.encode()
+    assert (page.url, page.id, page.content_type, page.content.text()) == ("http://a/é", "i", None, content)
+    assert visible_text(page.content) == visible_text(content)
+
+
+def test_a_page_read_in_c_goes_to_a_process_pool_and_back():
+    import pickle
+
+    page = page_from_json(b'{"url": "http://a/", "content": "<p>alpha \\u00e9</p>"}')
+    assert pickle.loads(pickle.dumps(page)) == page and isinstance(page.content, Utf8Text)

@@ -49,7 +49,7 @@ from aiokafka.errors import (
 
 from streamdedup.engine.records import Page, page_from_json
 from streamdedup.errors import ClientError, RecordError
-from streamdedup.fingerprinting.text import decode_body, text_mime
+from streamdedup.fingerprinting.text import Utf8Text, decode_body, text_mime
 from streamdedup.pipeline.intake import fetched_ms
 from streamdedup.settings import Settings
 
@@ -91,7 +91,9 @@ def encode_page(page: Page | Mapping[str, Any] | bytes, max_bytes: int) -> tuple
     if isinstance(page, Page):
         mime = _mime(page.content_type)
         content = page.content
-        if not isinstance(content, str):
+        if isinstance(content, Utf8Text):  # (a page read from a record: its text as UTF-8)
+            content = content.text()
+        elif not isinstance(content, str):
             try:
                 content = decode_body(content, page.charset, page.content_type)
             except RecordError as e:

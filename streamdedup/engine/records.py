@@ -23,7 +23,12 @@ from pathlib import Path
 from typing import BinaryIO
 
 from streamdedup.errors import RecordError
-from streamdedup.fingerprinting.text import visible_text
+from streamdedup.fingerprinting.text import Utf8Text, visible_text
+
+try:  # the plain record in one pass, its content left as UTF-8 (setup.py: optional)
+    from streamdedup.engine import _records as _C  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - built by pip install; orjson and json read the same pages
+    _C = None
 
 try:  # a faster JSON parser (~1.5x on escaped text, more on UTF-8), for the records it reads as json does
     import orjson
@@ -47,11 +52,12 @@ DEFAULT_MAX_PAGE_BYTES = 5 * 1024 * 1024
 
 @dataclass(frozen=True, slots=True)
 class Page:
-    """One crawled page.  ``content`` is text, or bytes to decode with ``charset``."""
+    """One crawled page.  ``content`` is text: a ``str``, or a :class:`Utf8Text` (as
+    :func:`page_from_json` reads a plain record's); or bytes to decode with ``charset``."""
 
     id: str
     url: str
-    content: str | bytes
+    content: str | bytes | Utf8Text
     content_type: str | None = None
     charset: str | None = None
     fetched_at: str | None = None
@@ -155,6 +161,11 @@ def page_from_json(raw: bytes | str, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) ->
     """
     if len(raw) > max_bytes:
         raise RecordError("too_large", f"the record is {len(raw)} bytes, over the limit of {max_bytes}")
+    plain = _C.flat_record(raw) if _C is not None and type(raw) is bytes else None
+    if plain is not None:  # a flat object of strings: its values as json gives them, the content as UTF-8
+        url, data, id_, content_type, fetched_at = plain
+        blank = not data or (_NOT_SPACE.search(data) is None and data.decode("utf-8").isspace())
+        return _checked(url, Utf8Text(data), blank, id_, content_type, fetched_at)
     data = _by_orjson(raw)
     if data is _TO_JSON:
         if isinstance(raw, bytes):
@@ -184,21 +195,34 @@ def page_from_json(raw: bytes | str, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) ->
     for name in ("id", "content_type", "fetched_at"):
         if data.get(name) is not None and not isinstance(data[name], str):
             raise RecordError("bad_field", f'"{name}" must be a string, got {type(data[name]).__name__}')
-    if not data["url"].strip():
+    content = data["content"]
+    blank = not content or content.isspace()  # (not .strip(): no copy of the page)
+    return _checked(data["url"], content, blank, data.get("id"), data.get("content_type"), data.get("fetched_at"))
+
+
+#: An ASCII byte that is not a space to str.isspace(): a content with one is not blank (its text
+#: is not all spaces); one without is decoded and asked.
+_NOT_SPACE = re.compile(rb"[^ \t\n\x0b\x0c\r\x1c-\x1f\x80-\xff]")
+
+
+def _checked(
+    url: str, content: str | Utf8Text, blank: bool, id_: str | None, content_type: str | None, fetched_at: str | None
+) -> Page:
+    """The checks of a record's values, once they are known to be strings (``blank``: the content
+    is empty or only spaces)."""
+    if not url.strip():
         raise RecordError("missing_field", '"url" is empty')
-    if not data["content"] or data["content"].isspace():  # (not .strip(): no copy of the page)
+    if blank:
         raise RecordError("empty", "the page content is empty")
-    _strict("url", data["url"], MAX_URL_BYTES)
-    for name, limit in (("id", MAX_ID_BYTES), ("content_type", 1024), ("fetched_at", 1024)):
-        if data.get(name):
-            _strict(name, data[name], limit)
-    return Page(
-        id=data.get("id") or data["url"],
-        url=data["url"],
-        content=data["content"],
-        content_type=data.get("content_type"),
-        fetched_at=data.get("fetched_at"),
-    )
+    _strict("url", url, MAX_URL_BYTES)
+    for name, value, limit in (
+        ("id", id_, MAX_ID_BYTES),
+        ("content_type", content_type, 1024),
+        ("fetched_at", fetched_at, 1024),
+    ):
+        if value:
+            _strict(name, value, limit)
+    return Page(id=id_ or url, url=url, content=content, content_type=content_type, fetched_at=fetched_at)
 
 
 Numbered = Iterator[tuple[int, "Page | RecordError"]]

@@ -33,7 +33,44 @@ from selectolax.lexbor import LexborHTMLParser, LexborNode, SelectolaxError
 
 from streamdedup.errors import RecordError
 
-__all__ = ["RecordError", "text_mime", "sniff_content_type", "decode_body", "visible_text", "normalize_text"]
+__all__ = [
+    "RecordError",
+    "Utf8Text",
+    "text_mime",
+    "sniff_content_type",
+    "decode_body",
+    "visible_text",
+    "normalize_text",
+]
+
+
+class Utf8Text:
+    """A page's text held as its UTF-8 bytes (``data``: a record's content read straight from its
+    JSON, never made a ``str``): :func:`visible_text` reads it as the ``str`` it encodes, where
+    bytes would be decoded by a charset found for them.  Valid UTF-8, no lone surrogate, no NUL."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def text(self) -> str:
+        return self.data.decode("utf-8")
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Utf8Text and other.data == self.data
+
+    def __hash__(self) -> int:
+        return hash((Utf8Text, self.data))
+
+    def __repr__(self) -> str:
+        return f"Utf8Text({self.data[:60]!r}{'...' if len(self.data) > 60 else ''})"
+
+    def __reduce__(self) -> tuple:
+        return (Utf8Text, (self.data,))
 
 
 _EMPTY = "page has no content"
@@ -221,6 +258,23 @@ def _codec(label: str | None) -> str | None:
     if not getattr(info, "_is_text_encoding", True) or info.name in _BAD_CODECS or info.name.startswith("utf-32"):
         return None
     return {"utf-8-sig": "utf-8", "utf-16": "utf-16-le"}.get(info.name, info.name)
+
+
+_CTRL_TABLE = bytes(1 if b in _CTRL else 0 for b in range(256))
+
+
+def _check_utf8_text(data: bytes) -> None:
+    """:func:`_check_text` of the text that the UTF-8 ``data`` encodes, without decoding it (in C
+    where built)."""
+    checks = getattr(_C, "content_checks", None)
+    if checks is None:
+        _check_text(data.decode("utf-8"))
+        return
+    n, chars, maybe_space = checks(data, 4096, _CTRL_TABLE)
+    if n > 2 and n * 20 > chars:
+        raise RecordError("binary", f"{n} control characters in the first {chars} characters")
+    if not data or (maybe_space and data.decode("utf-8").isspace()):
+        raise RecordError("empty", _EMPTY)
 
 
 def _check_text(text: str) -> str:
@@ -590,7 +644,7 @@ def _load_c_walk():
 _C = _load_c_walk()
 
 
-def visible_text(content: str | bytes, content_type: str | None = None, charset: str | None = None) -> str:
+def visible_text(content: str | bytes | Utf8Text, content_type: str | None = None, charset: str | None = None) -> str:
     """Visible main text of a page, normalised (see the module docstring).
 
     ``content_type`` None/empty/unknown is sniffed; ``text/html`` and ``application/xhtml+xml`` are extracted,
@@ -605,6 +659,11 @@ def visible_text(content: str | bytes, content_type: str | None = None, charset:
     """
     if content is None:
         raise RecordError("empty", _EMPTY)
+    if isinstance(content, Utf8Text):  # the str it encodes, as UTF-8: what lexbor parses
+        # (the order of the str branch below: the sniff, the checks, then the page)
+        mime = text_mime(content_type) or sniff_content_type(content.data[: 4 * 4096].decode("utf-8", "ignore"))
+        _check_utf8_text(content.data)
+        return normalize_text(content.text()) if mime == "text/plain" else _html_text(content.data)
     mime = text_mime(content_type) or sniff_content_type(content)
     text: str | None
     data: bytes | None

@@ -25,6 +25,7 @@ from streamdedup.engine.records import Page, page_from_json, page_text
 from streamdedup.errors import RecordError
 from streamdedup.fingerprinting.cluster import DEFAULT_CLUSTER_N
 from streamdedup.fingerprinting.pages import Fingerprints
+from streamdedup.fingerprinting.text import Utf8Text
 from streamdedup.index.bands import BandScheme
 from streamdedup.pipeline.pending import Pending
 from streamdedup.pipeline.shard import Plan
@@ -66,7 +67,7 @@ class Parsed:
     errors: list[RecordError | RecordError | None]
     fetched: list[int]
 
-    def contents(self) -> list[tuple[str | bytes, str | None, str | None]]:
+    def contents(self) -> list[tuple[str | bytes | Utf8Text, str | None, str | None]]:
         """What :func:`fingerprint_contents` needs of the good pages (small to send to a process)."""
         return [
             (p.content, p.content_type, p.charset)
@@ -107,7 +108,7 @@ class Fingerprinted(NamedTuple):
 
 
 def fingerprint_contents(
-    contents: Sequence[tuple[str | bytes, str | None, str | None]],
+    contents: Sequence[tuple[str | bytes | Utf8Text, str | None, str | None]],
     cluster_n: int = DEFAULT_CLUSTER_N,
     bands: BandScheme | None = None,
 ) -> Fingerprinted:
