@@ -194,6 +194,33 @@ def test_soups_with_bytes_that_are_not_utf8(parts):
     same(b"".join(parts))
 
 
+def _visible(text: str) -> str | tuple[str, str]:
+    try:
+        return T.visible_text(text, "text/html")
+    except T.RecordError as e:
+        return (e.reason, str(e))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.one_of(
+            SOUP, st.text(st.sampled_from(" \t\n\x00\x01\x08\x0b\x1c\x7f\x85\xa0\u3000\ud800\udc00x"), max_size=30)
+        ),
+        max_size=5,
+    ).map("".join)
+)
+def test_a_str_page_is_checked_and_walked_alike_with_and_without_c(text):
+    # With C the str is made UTF-8 first and checked as such (controls, spaces), without C checked
+    # as a str: the same text, or the same error ("binary", "empty").
+    with_c = _visible(text)
+    saved, T._C = T._C, None
+    try:
+        assert _visible(text) == with_c
+    finally:
+        T._C = saved
+
+
 # ---------------------------------------------------------------- the word rules and the nesting check
 TOKEN = st.text(st.sampled_from("abcdefghijklmnopqrstuvwxyzNAVHEDR0123456789-_ \u212a\u0130"), max_size=30)
 

@@ -667,6 +667,12 @@ def visible_text(content: str | bytes | Utf8Text, content_type: str | None = Non
     mime = text_mime(content_type) or sniff_content_type(content)
     text: str | None
     data: bytes | None
+    if isinstance(content, str) and mime != "text/plain" and _C is not None:
+        # the page's UTF-8 for lexbor first, and _check_text's checks on it (the same answers: a
+        # lone surrogate, "?" here, is neither a control nor a space)
+        data = _C.to_utf8(content)
+        _check_utf8_text(data)
+        return _html_text(data)
     if isinstance(content, str):
         text, data = _check_text(content), None
     elif isinstance(content, (bytes, bytearray, memoryview)):
