@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -214,11 +215,8 @@ def test_a_str_page_is_checked_and_walked_alike_with_and_without_c(text):
     # With C the str is made UTF-8 first and checked as such (controls, spaces), without C checked
     # as a str: the same text, or the same error ("binary", "empty").
     with_c = _visible(text)
-    saved, T._C = T._C, None
-    try:
+    with patch.object(T, "_C", None):
         assert _visible(text) == with_c
-    finally:
-        T._C = saved
 
 
 # ---------------------------------------------------------------- the word rules and the nesting check

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+from unittest.mock import patch
 
 import pytest
 from hypothesis import given, settings
@@ -240,17 +241,11 @@ def outcome(raw):
 def test_records_read_by_orjson_are_read_as_by_json(raw):
     import streamdedup.engine.records as records
 
-    saved_c, records._C = records._C, None  # (the plain record's reader in C: the test below)
-    try:
+    assert records.orjson is not None  # (the test compares two ways of reading only while orjson is installed)
+    with patch.object(records, "_C", None):  # (the plain record's reader in C: the test below)
         with_orjson = outcome(raw)
-        saved, records.orjson = records.orjson, None
-        try:
-            assert records.orjson is None and outcome(raw) == with_orjson
-        finally:
-            records.orjson = saved
-    finally:
-        records._C = saved_c
-    assert saved is not None  # (the test compares two ways of reading only while orjson is installed)
+        with patch.object(records, "orjson", None):
+            assert outcome(raw) == with_orjson
 
 
 # ---------------------------------------------------------------- the plain record's reader in C
@@ -356,11 +351,8 @@ def test_the_c_reader_reads_a_record_as_orjson_and_json_do(raw):
     import streamdedup.engine.records as records
 
     fast = _reading(raw)
-    saved, records._C = records._C, None
-    try:
+    with patch.object(records, "_C", None):
         assert _reading(raw) == fast
-    finally:
-        records._C = saved
 
 
 @given(st.one_of(TEXTS, st.text(st.sampled_from(" \t\n\x0b\x0c\r\x1c\x1d\x1e\x1f\x85\xa0\u2003\u3000x\x01"))))
