@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from streamdedup.errors import RecordError
-from streamdedup.fingerprinting.text import Utf8Text, visible_text
+from streamdedup.fingerprinting.text import Utf8Text, utf8_blank, visible_text
 
 try:  # the plain record in one pass, its content left as UTF-8 (setup.py: optional)
     from streamdedup.engine import _records as _C  # type: ignore[attr-defined]
@@ -164,8 +164,7 @@ def page_from_json(raw: bytes | str, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) ->
     plain = _C.flat_record(raw) if _C is not None and type(raw) is bytes else None
     if plain is not None:  # a flat object of strings: its values as json gives them, the content as UTF-8
         url, data, id_, content_type, fetched_at = plain
-        blank = not data or (_NOT_SPACE.search(data) is None and data.decode("utf-8").isspace())
-        return _checked(url, Utf8Text(data), blank, id_, content_type, fetched_at)
+        return _checked(url, Utf8Text(data), utf8_blank(data), id_, content_type, fetched_at)
     data = _by_orjson(raw)
     if data is _TO_JSON:
         if isinstance(raw, bytes):
@@ -198,11 +197,6 @@ def page_from_json(raw: bytes | str, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) ->
     content = data["content"]
     blank = not content or content.isspace()  # (not .strip(): no copy of the page)
     return _checked(data["url"], content, blank, data.get("id"), data.get("content_type"), data.get("fetched_at"))
-
-
-#: An ASCII byte that is not a space to str.isspace(): a content with one is not blank (its text
-#: is not all spaces); one without is decoded and asked.
-_NOT_SPACE = re.compile(rb"[^ \t\n\x0b\x0c\r\x1c-\x1f\x80-\xff]")
 
 
 def _checked(

@@ -281,7 +281,7 @@ static int gather_text(node_t *root, buf *out) {
             continue;
         }
         for (;;) { /* n's subtree is done: its closing space, then the next node in document order */
-            if (lx_tag_id(n) != T_TEXT && spaced_tag(lx_tag_id(n)) && put(out, (const uchar *)" ", 1) < 0) return -1;
+            if (spaced_tag(lx_tag_id(n)) && put(out, (const uchar *)" ", 1) < 0) return -1; /* (a text: never) */
             node_t *next = lx_next(n);
             if (next) {
                 n = next;
@@ -1228,8 +1228,7 @@ static PyObject *to_utf8(PyObject *self, PyObject *text) {
 
 /* ---------------------------------------------------------------- text.py's _check_text on UTF-8 */
 /* content_checks(data, sample_chars, ctrl_table) -> (controls in the first sample_chars code points
- * of the valid UTF-8 `data`, those code points, whether every byte is a space, \x1c-\x1f or >= 0x80:
- * only then can str.isspace() hold of its text). */
+ * of the valid UTF-8 `data`, those code points). */
 static PyObject *content_checks(PyObject *self, PyObject *args) {
     Py_buffer data, table;
     Py_ssize_t sample;
@@ -1241,20 +1240,15 @@ static PyObject *content_checks(PyObject *self, PyObject *args) {
         return NULL;
     }
     const uchar *p = data.buf, *ctl = table.buf;
-    Py_ssize_t n = data.len, i = 0, chars = 0, ctrl = 0;
-    for (; i < n && chars < sample; i++) {
+    Py_ssize_t n = data.len, chars = 0, ctrl = 0;
+    for (Py_ssize_t i = 0; i < n && chars < sample; i++) {
         uchar c = p[i];
         if ((c & 0xC0) != 0x80) chars++; /* (the bytes are valid UTF-8: a code point per lead byte) */
         ctrl += ctl[c];
     }
-    int spaces = 1; /* every byte a space, high, or \x1c-\x1f (str.isspace decides those) */
-    for (i = 0; i < n && spaces; i++) {
-        uchar c = p[i];
-        spaces = c >= 0x80 || c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f);
-    }
     PyBuffer_Release(&data);
     PyBuffer_Release(&table);
-    return Py_BuildValue("(nnO)", ctrl, chars, spaces ? Py_True : Py_False);
+    return Py_BuildValue("(nn)", ctrl, chars);
 }
 
 static PyMethodDef methods[] = {
@@ -1262,7 +1256,7 @@ static PyMethodDef methods[] = {
     {"walk", walk, METH_VARARGS, "walk(root_mem_id, head_mem_id) -> (text, done, rare): see collapse()"},
     {"nesting", nesting, METH_VARARGS, "nesting(data, keys, min_count=0) -> (count of '<', deepest nesting of those tags, 0 below min_count)"},
     {"direct_fields", direct_fields, METH_VARARGS, "direct_fields([on]) -> bool: node fields read directly"},
-    {"content_checks", content_checks, METH_VARARGS, "content_checks(data, sample_chars, ctrl_table) -> (controls, code points, maybe all spaces)"},
+    {"content_checks", content_checks, METH_VARARGS, "content_checks(data, sample_chars, ctrl_table) -> (controls, code points)"},
     {"to_utf8", to_utf8, METH_O, "to_utf8(text) -> text.encode('utf-8', 'replace')"},
     {"junk_split", junk_split, METH_O, "junk_split(text) -> ' '.join(_JUNK.sub('', text).split())"},
     {"boiler_key", py_boiler, METH_O, "boiler_key(token: bytes) -> bool, text.py's _boiler_key(token) is not None"},

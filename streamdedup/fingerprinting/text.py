@@ -57,9 +57,6 @@ class Utf8Text:
     def text(self) -> str:
         return self.data.decode("utf-8")
 
-    def __len__(self) -> int:
-        return len(self.data)
-
     def __eq__(self, other: object) -> bool:
         return type(other) is Utf8Text and other.data == self.data
 
@@ -68,9 +65,6 @@ class Utf8Text:
 
     def __repr__(self) -> str:
         return f"Utf8Text({self.data[:60]!r}{'...' if len(self.data) > 60 else ''})"
-
-    def __reduce__(self) -> tuple:
-        return (Utf8Text, (self.data,))
 
 
 _EMPTY = "page has no content"
@@ -270,11 +264,21 @@ def _check_utf8_text(data: bytes) -> None:
     if checks is None:
         _check_text(data.decode("utf-8"))
         return
-    n, chars, maybe_space = checks(data, 4096, _CTRL_TABLE)
+    n, chars = checks(data, 4096, _CTRL_TABLE)
     if n > 2 and n * 20 > chars:
         raise RecordError("binary", f"{n} control characters in the first {chars} characters")
-    if not data or (maybe_space and data.decode("utf-8").isspace()):
+    if utf8_blank(data):
         raise RecordError("empty", _EMPTY)
+
+
+#: An ASCII byte that str.isspace() does not take for a space: a text holding one is not blank.
+_NOT_SPACE = re.compile(rb"[^ \t\n\x0b\x0c\r\x1c-\x1f\x80-\xff]")
+
+
+def utf8_blank(data: bytes) -> bool:
+    """``not text or text.isspace()`` of the text the valid UTF-8 ``data`` encodes, mostly without
+    decoding it (a page's first bytes are seldom all spaces)."""
+    return not data or (_NOT_SPACE.search(data) is None and data.decode("utf-8").isspace())
 
 
 def _check_text(text: str) -> str:
@@ -670,7 +674,7 @@ def visible_text(content: str | bytes | Utf8Text, content_type: str | None = Non
     if isinstance(content, str) and mime != "text/plain" and _C is not None:
         # the page's UTF-8 for lexbor first, and _check_text's checks on it (the same answers: a
         # lone surrogate, "?" here, is neither a control nor a space)
-        data = _C.to_utf8(content)
+        data = _utf8(content)
         _check_utf8_text(data)
         return _html_text(data)
     if isinstance(content, str):
