@@ -36,7 +36,7 @@ from streamdedup.pipeline.intake import Intake, Record, fingerprint_contents, pa
 from streamdedup.pipeline.offsets import Delivery
 from streamdedup.pipeline.pending import Pending, Waiting
 from streamdedup.pipeline.routing import Topics, match_distance
-from streamdedup.pipeline.shard import WORKER_DESIGN, Plan, ShardPlan, shard_step
+from streamdedup.pipeline.shard import WORKER_DESIGN, Plan, ShardPlan, ShardStep, shard_step
 from streamdedup.pipeline.wire import ANSWERS, CHANGELOG, CHECKS, PROBES, Batch, decode, encode, kind_of
 from streamdedup.settings import Settings
 from streamdedup.stream.check import Checker
@@ -70,6 +70,10 @@ RETRY_ATTEMPTS, RETRY_FIRST, RETRY_MAX = 5, 0.2, 5.0
 # a page that has waited this long for a shard partition whose standby this worker holds gets
 # that standby's answer if it is a match (answer_from_standbys); a "no match" waits for the owner
 STANDBY_AFTER = 2.0
+# a worker's probes go to a shard it owns straight away (--local-shards) once those it sent there
+# through the probes topic (while the shard recovered) are answered; a batch waits at most this long
+# for that, then goes through the topic too
+LOCAL_HANDOVER = 2.0
 # an owned pages partition with records past the last one delivered, none of them delivered for
 # this long (and the worker not pausing it), is sought again (reseek_stalled; faust-notes §9)
 PARTITION_SILENCE = 10.0
@@ -223,6 +227,9 @@ class Worker:
         # with standbys: the probes sent, while their pages wait ((sent at, shard partition, rows))
         self._sent: list[tuple[float, int, Batch]] = []
         self._heard: dict[int, float] = {}  # shard partition -> when a probe sent there was last seen answered
+        # shard partition (active here) -> the probes this worker sent there through the topic, while
+        # they may wait: its own probes go to a shard here (--local-shards) only once none waits
+        self._via_topic: dict[int, list[Batch]] = {}
         self._pool = fingerprint_pool(s.fingerprint_processes) if s.fingerprint_processes else None
         self._writer = struct.pack("<Q", int(time.time() * 1e6))  # changelog keys: unique per incarnation
         self._seq = 0
@@ -713,6 +720,7 @@ class Worker:
         ticket = self._tickets
         self._tickets += 1
         error: Exception | None
+        here: _Here | None = None
         try:
             parsed = parse(records, self.settings.max_page_bytes)
             contents = parsed.contents()
@@ -771,12 +779,18 @@ class Worker:
                     )
                 partitions = {r.partition for r in records}
             else:
-                sent_at = time.monotonic()
-                for shard_partition, batch in intake.probes.items():
+                sent_at, probes = time.monotonic(), dict(intake.probes)
+                if self.settings.local_shards:
+                    await self._hold_for_topic([s for s in probes if self.store.ready(s)])
+                    here = self._probe_here(probes)  # (removes the probes it takes)
+                for shard_partition, batch in probes.items():
+                    self.metrics.probes.labels("topic").inc(len(batch))
                     for chunk in _chunks(batch):
                         await self.probes_topic.send(value=encode(chunk, PROBES), partition=shard_partition)
                     if self.settings.standby_replicas:
                         self._sent.append((sent_at, shard_partition, batch))
+                    if shard_partition in self.store.active:  # (a shard here that is not ready yet)
+                        self._via_topic.setdefault(shard_partition, []).append(batch)
                 partitions = intake.partitions
                 self._stamp(records, taken_at)
         finally:
@@ -786,6 +800,8 @@ class Worker:
         self.metrics.batch_seconds.labels("pages").observe(time.perf_counter() - t0)
         for p in sorted(partitions):
             self.outbox.schedule(p)  # dead letters at the head go out now
+        if here is not None:
+            await self._finish_here(here)
 
     def _stamp(self, records: list[Record], taken_at: float) -> None:
         """When the batch of ``records`` was taken and its probes sent (the phase metrics)."""
@@ -979,14 +995,17 @@ class Worker:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
     # ------------------------------------------------------------------ failures
-    async def _retrying(self, stage: str, attempt, events: list) -> Exception | None:
+    async def _retrying(self, stage: str, attempt, events: Any, failed: Exception | None = None) -> Exception | None:
         """Run ``attempt(events)`` until it succeeds, at most RETRY_ATTEMPTS times with exponential
         backoff; returns the last error if it never did.  Every failure counts in the errors
         metric.  (The shard stage is idempotent: a page stored by a failed attempt is not stored
-        twice, and a group answered twice counts once.)"""
+        twice, and a group answered twice counts once.)  ``failed``: the first attempt, made
+        already, failed with it."""
         delay = RETRY_FIRST
         for n in range(1, RETRY_ATTEMPTS + 1):
             try:
+                if n == 1 and failed is not None:
+                    raise failed
                 await attempt(events)
                 return None
             except Exception as e:
@@ -1004,48 +1023,28 @@ class Worker:
     async def _give_up_probes(self, events: list, error: Exception) -> None:
         """Answer every probe of a batch the shard stage gave up on with FAILED, so the pages'
         owners (this worker or another) send them to the dead-letter topic as internal_error."""
-        why = _describe(error, "shard stage")
-        replies: dict[int, list[Batch]] = defaultdict(list)
-        for e in events:
-            try:
-                if kind_of(e.value) != PROBES:  # a check's request times out on its own
-                    continue
-                probes = decode([e.value], PROBES)
-            except Exception:
-                log.exception("shard stage: an undecodable probes message (partition %d)", e.message.partition)
-                continue
-            dest = probes.rows["partition"]
-            failed = Batch.build(
-                group=probes.rows["group"],
-                fps=0,
-                fetched=0,
-                id_hash=0,
-                request=probes.rows["request"],
-                distance=FAILED,
-                partition=dest,
-                ids=[why] * len(probes),
-                urls=[""] * len(probes),
-                kind=ANSWERS,
-            )
-            for q in np.unique(dest).tolist():
-                replies[q].append(failed.select(dest == q))
+        replies = _failure_answers([(e.message.partition, e.value) for e in events], _describe(error, "shard stage"))
         try:
-            for q, parts in replies.items():
-                for chunk in _chunks(Batch.concat(parts)):
+            for q, failed in replies.items():
+                for chunk in _chunks(failed):
                     await self.answers_topic.send(value=encode(chunk, ANSWERS), partition=q)
         except Exception:
             log.exception("shard stage: cannot send the failure answers; their pages wait for a restart")
 
     def _give_up_answers(self, events: list, error: Exception) -> None:
         """The answers stage gave up on a batch: every page it names becomes a dead letter."""
-        why = _describe(error, "answers stage")
-        touched: set[int] = set()
+        batches = []
         for e in events:
             try:
-                batch = decode([e.value], ANSWERS)
+                batches.append(decode([e.value], ANSWERS))
             except Exception:
                 log.exception("answers stage: an undecodable answers message (partition %d)", e.message.partition)
-                continue
+        self._give_up_answer_batches(batches, error)
+
+    def _give_up_answer_batches(self, batches: list[Batch], error: Exception) -> None:
+        why = _describe(error, "answers stage")
+        touched: set[int] = set()
+        for batch in batches:
             for request in batch.rows["request"].tolist():
                 if (p := self.pending.fail_request(request, "internal_error", why)) is not None:
                     touched.add(p)
@@ -1054,10 +1053,16 @@ class Worker:
 
     # ------------------------------------------------------------------ stage 3: answers
     async def on_answers(self, events: list) -> None:
-        batch = decode([e.value for e in events], ANSWERS)
+        await self._answer_batch(decode([e.value for e in events], ANSWERS))
+
+    async def _answer_batch(self, batch: Batch) -> None:
+        """The answers stage on one decoded batch (from the answers topic, or from a shard here)."""
         if self.faults:
             waiting = [self.pending.waiting(r) for r in batch.rows["request"].tolist()]
             self.faults.check("answers", [w.page_id or "" for w in waiting if w is not None])
+        self._record_answers(batch)
+
+    def _record_answers(self, batch: Batch) -> None:
         failed = batch.rows["distance"] == FAILED
         touched: set[int] = set()
         if failed.any():  # a shard gave up on these probes: their pages are dead letters
@@ -1076,12 +1081,24 @@ class Worker:
             # taken before a rebalance moved them: left to the owner (their pages are read again)
             log.info("shard stage: probes for shard partitions %s not served here since a rebalance; left", late)
             events = [e for e in events if e.message.partition not in late]
+        step, writes = self._store_probes([(e.message.partition, e.value) for e in events])
+        await self._durable(writes)
+        sent = []
+        for q, answers in step.answers.items():
+            for chunk in _chunks(answers):
+                sent.append(await self.answers_topic.send(value=encode(chunk, ANSWERS), partition=q))
+        await asyncio.gather(*sent)
+        self._after_step(step)
+
+    def _store_probes(self, messages: list[tuple[int, bytes]]) -> tuple[ShardStep, list[tuple[int, Any]]]:
+        """The shard stage up to the changelog, with no await: probe and store ``messages``
+        ((shard partition, value)) and hand their changelog records to the producer, so the
+        changelog holds each shard's rows in the order it stored them.  Returns the step and the
+        changelog sends (:meth:`_durable` awaits them)."""
         if self.faults:
-            probes = [e.value for e in events if kind_of(e.value) == PROBES]
+            probes = [v for _, v in messages if kind_of(v) == PROBES]
             self.faults.check("shard", decode(probes, PROBES).ids() if probes else [])
-        step = shard_step(
-            self.store.shard, [(e.message.partition, e.value) for e in events], now=int(time.time() * 1000)
-        )
+        step = shard_step(self.store.shard, messages, now=int(time.time() * 1000))
         for s, n in step.skipped:
             log.error("shard %d: skipping %d messages that are not probes", s, n)
         writes = []
@@ -1103,19 +1120,106 @@ class Worker:
                 writes.append(
                     (s, self.table.send_changelog(s, key, None, key_serializer="raw", value_serializer="raw"))
                 )
+        return step, writes
+
+    async def _durable(self, writes: list[tuple[int, Any]]) -> None:
         for s, fut in writes:  # the shard's inserts are durable before anyone hears of them
             self.store.covered(s, (await fut).offset)
-        sent = []
-        for q, answers in step.answers.items():
-            for chunk in _chunks(answers):
-                sent.append(await self.answers_topic.send(value=encode(chunk, ANSWERS), partition=q))
-        await asyncio.gather(*sent)
+
+    def _after_step(self, step: ShardStep) -> None:
         for s in step.shards:
             # (a compaction rewrote the shard's string files: the last snapshot no longer matches them)
             if compacted := self.store.shard(s).compacted:
                 log.info("shard %d: expired pages compacted away, %d entries live", s, len(self.store.shard(s)))
             if self.store.snapshot_due(s, self.settings.snapshot_interval) or compacted:
                 self.store.snapshot(s, background=True)  # (queued for the store's writer thread; staggered)
+
+    # ------------------------------------------------------------------ stage 2 here: shards this worker owns
+    def _topic_waits(self, partition: int) -> bool:
+        """Whether probes this worker sent to shard ``partition`` through the probes topic still wait
+        for an answer (forgetting those answered)."""
+        sent = self._via_topic.get(partition)
+        if sent:
+            sent[:] = [batch for batch in sent if self._still_waiting(batch).any()]
+        return bool(sent)
+
+    def _still_waiting(self, batch: Batch) -> np.ndarray:
+        """For each probe row of ``batch``: whether its page still waits for that group's answer."""
+        return np.array(
+            [
+                (w := self.pending.waiting(r)) is not None and bool(w.missing >> g & 1)
+                for r, g in zip(batch.rows["request"].tolist(), batch.rows["group"].tolist())
+            ],
+            dtype=bool,
+        )
+
+    async def _hold_for_topic(self, partitions: list[int]) -> None:
+        """Before a batch's probes go to a shard here for the first time: wait (at most
+        LOCAL_HANDOVER seconds) for the probes sent there through the topic before (while the
+        shard recovered), so the shard stores this worker's pages in the order it took them."""
+        deadline = time.monotonic() + LOCAL_HANDOVER
+        while any(self._topic_waits(s) for s in partitions) and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+
+    def _local(self, partition: int) -> bool:
+        """Whether this worker's probes for shard ``partition`` skip the probes and answers topics:
+        ``--local-shards``, the partition is active here and recovered, and none of this worker's
+        probes sent there through the topic still waits."""
+        return self.settings.local_shards and self.store.ready(partition) and not self._topic_waits(partition)
+
+    def _probe_here(self, probes: dict[int, Batch]) -> _Here | None:
+        """The shard stage, here and now (no await: inside the batch's turn, so the shards store
+        this worker's pages in the order it took them), on the probes whose shard partition is
+        :meth:`_local`; they are removed from ``probes``.  None if there are none."""
+        local = [s for s in probes if self._local(s)]
+        if not local:
+            return None
+        t0, batches = time.perf_counter(), [probes.pop(s) for s in local]
+        self.metrics.probes.labels("local").inc(sum(len(b) for b in batches))
+        messages = [(s, encode(chunk, PROBES)) for s, b in zip(local, batches) for chunk in _chunks(b)]
+        try:
+            step, writes = self._store_probes(messages)
+        except Exception as e:
+            return _Here(messages, None, [], e, t0)
+        return _Here(messages, step, writes, None, t0)
+
+    async def _finish_here(self, here: _Here) -> None:
+        """The rest of :meth:`_probe_here`: await the changelog, then answer the pages here.  A
+        failure is retried (:meth:`_retry_here`) as the shard agent retries a batch."""
+        error = here.error
+        if error is None:
+            assert here.step is not None
+            try:
+                await self._durable(here.writes)
+                self._after_step(here.step)
+            except Exception as e:
+                error = e
+            else:
+                self.metrics.batch_seconds.labels("shard").observe(time.perf_counter() - here.t0)
+        if error is not None:
+            error = await self._retrying("shard", self._retry_here, here.messages, failed=error)
+            if error is not None:
+                for failed in _failure_answers(here.messages, _describe(error, "shard stage")).values():
+                    self._record_answers(failed)
+            return
+        assert here.step is not None
+        for answers in here.step.answers.values():
+            if (error := await self._retrying("answers", self._answer_batch, answers)) is not None:
+                self._give_up_answer_batches([answers], error)
+
+    async def _retry_here(self, messages: list[tuple[int, bytes]]) -> None:
+        """The shard stage on probes of shards here that failed: those of a shard no longer served
+        here go through the probes topic to its owner now."""
+        gone = {s for s, _ in messages if not self.store.serves(s)}
+        for s, value in messages:
+            if s in gone:
+                await self.probes_topic.send(value=value, partition=s)
+        step, writes = self._store_probes([(s, v) for s, v in messages if s not in gone])
+        await self._durable(writes)
+        self._after_step(step)
+        for answers in step.answers.values():
+            if (error := await self._retrying("answers", self._answer_batch, answers)) is not None:
+                self._give_up_answer_batches([answers], error)
 
     def answer_from_standbys(self, now: float | None = None) -> int:
         """Matches for pages stalled on a shard partition whose standby this worker holds.
@@ -1136,13 +1240,7 @@ class Worker:
         standby = {p for p in store.shards if p in store.assigned and p not in store.active}
         keep: list[tuple[float, int, Batch, np.ndarray]] = []
         for sent_at, shard_partition, batch in self._sent:
-            waiting = np.array(
-                [
-                    (w := self.pending.waiting(r)) is not None and bool(w.missing >> g & 1)
-                    for r, g in zip(batch.rows["request"].tolist(), batch.rows["group"].tolist())
-                ],
-                dtype=bool,
-            )
+            waiting = self._still_waiting(batch)
             if waiting.any():
                 keep.append((sent_at, shard_partition, batch, waiting))
             else:  # answered: forget it, and note that its shard partition is alive
@@ -1220,6 +1318,18 @@ class Worker:
     def _on_recovered(self) -> None:
         if self._recovery_started is not None:
             self.metrics.recovery_seconds.set(time.monotonic() - self._recovery_started)
+
+
+@dataclass
+class _Here:
+    """Probes given to shards this worker owns (Worker._probe_here): their messages, the step and
+    its changelog sends, or the error of that first attempt."""
+
+    messages: list[tuple[int, bytes]]
+    step: ShardStep | None
+    writes: list[tuple[int, Any]]
+    error: Exception | None
+    t0: float  # (perf_counter) when the step began
 
 
 class _Stale(Exception):
@@ -1308,6 +1418,36 @@ class _Faults:
 
 def _describe(error: Exception, stage: str) -> str:
     return f"{stage} failed {RETRY_ATTEMPTS} times: {type(error).__name__}: {error}"[:1000]
+
+
+def _failure_answers(messages: list[tuple[int, bytes]], why: str) -> dict[int, Batch]:
+    """FAILED answers (``why`` in the id column) to every probe of ``messages`` ((shard partition,
+    value)), by the input partition that waits for them: a shard stage gave up on them."""
+    replies: dict[int, list[Batch]] = defaultdict(list)
+    for s, value in messages:
+        try:
+            if kind_of(value) != PROBES:  # a check's request times out on its own
+                continue
+            probes = decode([value], PROBES)
+        except Exception:
+            log.exception("shard stage: an undecodable probes message (partition %d)", s)
+            continue
+        dest = probes.rows["partition"]
+        failed = Batch.build(
+            group=probes.rows["group"],
+            fps=0,
+            fetched=0,
+            id_hash=0,
+            request=probes.rows["request"],
+            distance=FAILED,
+            partition=dest,
+            ids=[why] * len(probes),
+            urls=[""] * len(probes),
+            kind=ANSWERS,
+        )
+        for q in np.unique(dest).tolist():
+            replies[q].append(failed.select(dest == q))
+    return {q: Batch.concat(parts) for q, parts in replies.items()}
 
 
 def _chunks(batch: Batch):

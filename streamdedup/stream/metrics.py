@@ -58,6 +58,7 @@ class Metrics:
     consumer_lag: Gauge
     rebalances: Counter
     offsets_skipped: Counter
+    probes: Counter
     errors: Counter
     index_memory_limit: Gauge
     worker_memory: Gauge
@@ -155,6 +156,13 @@ class Metrics:
                 ["why"],
                 **r,
             ),
+            probes=Counter(
+                "streamdedup_probes",
+                "Probes of this worker's pages (one per page and table group), by path: local (to a shard "
+                "partition this worker owns, --local-shards) or topic (through the probes and answers topics).",
+                ["path"],
+                **r,
+            ),
             errors=Counter(
                 "streamdedup_errors",
                 "Unexpected errors, by stage. pages: the batch went to the "
@@ -209,6 +217,8 @@ class Metrics:
             self.verdicts.labels(verdict)
         for reason in REASONS:
             self.dead_letters.labels(reason)
+        for path in ("local", "topic"):
+            self.probes.labels(path)
         for stage in ("pages", "shard", "answers"):
             self.errors.labels(stage)
             self.batch_seconds.labels(stage)

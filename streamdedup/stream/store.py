@@ -223,6 +223,7 @@ class ShardStore(base.Store):
         self.assigned: set[int] = set()  # changelog partitions of the current assignment (active or standby)
         self.active: set[int] = set()  # those this worker owns: their probes come here
         self._rebalance: int | None = None  # faust's rebalance count when the assignment came
+        self._recovered: tuple[int | None] | None = None  # (_rebalance,) once its recovery completed
         self._crashing: asyncio.Future | None = None
 
     @classmethod
@@ -246,6 +247,11 @@ class ShardStore(base.Store):
         counts one at each revocation, before any callback).  A probes batch taken before a
         rebalance and handed over after it is not served (docs/faust-notes.md §12)."""
         return partition in self.active and self._rebalance == getattr(self.app, "rebalancing_count", None)
+
+    def ready(self, partition: int) -> bool:
+        """:meth:`serves`, and the recovery of this assignment is over: the shard holds its whole
+        changelog, so the worker may store its own pages' probes there without the probes topic."""
+        return self.serves(partition) and self._recovered == (self._rebalance,)
 
     def shard(self, partition: int) -> Shard:
         """The shard of ``partition``, created empty if it has none yet: only for a partition of
@@ -644,6 +650,7 @@ class ShardStore(base.Store):
         return {tp.partition: int(end) for tp, end in ends.items() if end is not None}
 
     async def on_recovery_completed(self, active_tps: set[TP], standby_tps: set[TP]) -> None:
+        self._recovered = (self._rebalance,)  # (ready: the same assignment)
         for shard in self.shards.values():
             shard.prepare()  # build lookup directories now, not on the first probe
         if self.on_recovered is not None:

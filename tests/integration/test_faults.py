@@ -2,7 +2,9 @@
 keeps failing its pages go to the dead-letter topic as internal_error while later pages are
 still judged.  Failures are injected with the worker's test hook ``TEST_STREAMDEDUP_FAULT``
 (``streamdedup/stream/app.py``: ``shard:2`` fails the shard stage's first 2 batches,
-``shard:id=poison`` every shard batch holding a page whose id contains "poison").
+``shard:id=poison`` every shard batch holding a page whose id contains "poison"), both with the
+worker's probes given to its own shards (``--local-shards``, the default) and sent through the
+probes and answers topics.
 
 Every check reads every output topic to its end offsets: each input record has exactly one
 outcome (one verdict or one dead letter).
@@ -74,13 +76,15 @@ def errors_metric(worker: WorkerProcess, stage: str) -> float:
     return float(m.group(1))
 
 
+@pytest.mark.parametrize("local", [True, False], ids=["local-shards", "through-topics"])
 @pytest.mark.parametrize("stage", ["shard", "answers"])
-def test_a_transient_failure_is_retried_and_every_page_gets_its_verdict(kafka, tmp_path, stage):
+def test_a_transient_failure_is_retried_and_every_page_gets_its_verdict(kafka, tmp_path, stage, local):
     topics = StreamTopics.fresh(kafka, partitions=2)
     rng = np.random.default_rng(7)
     first = pages(rng, "a", 20)
     second = copies(first[:10], "b") + pages(rng, "c", 10)
-    with WorkerProcess(kafka, topics, tmp_path, env={FAULT_ENV: f"{stage}:2"}) as worker:
+    env = {FAULT_ENV: f"{stage}:2", "STREAMDEDUP_LOCAL_SHARDS": str(local).lower()}
+    with WorkerProcess(kafka, topics, tmp_path, env=env) as worker:
         produce(kafka, topics.pages, first)
         out = wait_for_outcomes(kafka, topics, [r["id"] for r in first])
         produce(kafka, topics.pages, second)
@@ -94,14 +98,18 @@ def test_a_transient_failure_is_retried_and_every_page_gets_its_verdict(kafka, t
     assert out == expected  # one outcome each, and the right one
 
 
+@pytest.mark.parametrize("local", [True, False], ids=["local-shards", "through-topics"])
 @pytest.mark.parametrize("stage", ["shard", "answers"])
-def test_a_batch_that_keeps_failing_goes_to_the_dead_letter_topic_and_later_pages_are_judged(kafka, tmp_path, stage):
+def test_a_batch_that_keeps_failing_goes_to_the_dead_letter_topic_and_later_pages_are_judged(
+    kafka, tmp_path, stage, local
+):
     topics = StreamTopics.fresh(kafka, partitions=2)
     rng = np.random.default_rng(8)
     first = pages(rng, "a", 10)
     poison = pages(rng, "poison", 1)
     later = copies(first[:5], "b") + pages(rng, "c", 5)
-    with WorkerProcess(kafka, topics, tmp_path, env={FAULT_ENV: f"{stage}:id=poison"}) as worker:
+    env = {FAULT_ENV: f"{stage}:id=poison", "STREAMDEDUP_LOCAL_SHARDS": str(local).lower()}
+    with WorkerProcess(kafka, topics, tmp_path, env=env) as worker:
         produce(kafka, topics.pages, first)
         wait_for_outcomes(kafka, topics, [r["id"] for r in first])
         produce(kafka, topics.pages, poison)  # alone, so its batches hold no other page
