@@ -117,3 +117,19 @@ def test_the_recovery_logs_as_fausts(tmp_path):
     """Operators and tools grep faust's recovery lines ("[^---Recovery]: Worker ready")."""
     w = Worker(Settings(data_dir=tmp_path, fingerprint_processes=0, partitions=2), registry=CollectorRegistry())
     assert w.app.tables.recovery.shortlabel == "Recovery"
+
+
+def test_the_worker_consumers_fetch_waits_100_ms_not_fausts_1500(tmp_path):
+    """A fetch sent without the pages partitions paused or buffered at that moment holds their
+    next records until it returns; with the worker's probes given to its own shards
+    (--local-shards) no other topic's traffic ends it sooner (bench/README.md, "Shards here")."""
+    from streamdedup.stream.app import FETCH_MAX_WAIT_MS
+
+    async def consumer_fetch_wait() -> int:
+        w = Worker(Settings(data_dir=tmp_path, fingerprint_processes=0, partitions=2), registry=CollectorRegistry())
+        consumer = w.app.consumer._thread._create_worker_consumer(w.app.transport)  # (as the consumer thread does)
+        w.close()
+        return consumer._fetch_max_wait_ms
+
+    assert FETCH_MAX_WAIT_MS == 100
+    assert asyncio.run(consumer_fetch_wait()) == FETCH_MAX_WAIT_MS

@@ -93,14 +93,10 @@ FAULT_ENV = "TEST_STREAMDEDUP_FAULT"  # (not STREAMDEDUP_*: settings refuse unkn
 CHECK_FAULT_DELAY = 2.0
 
 
-# Not applied: a 50 ms consumer fetch wait (faust hard-codes 1.5 s; the code is commit df634c6,
-# with faust's own wait put back during a bulk changelog read in 64564a1).  It made every start
-# ~3 s shorter, as recovery's offsets requests waited behind faust's fetch on the same connection;
-# those are now read by a client of our own (stream/recovery.py), which gives the same gain.  At
-# half rate the runs with it looked worse (p50 0.26-0.30 s against 0.22-0.24 s, backlog 0.69-0.82
-# x scan against 0.84 x), and an earlier session's saw no difference: faust's wait stays
-# (bench/README.md, "faust's fetch wait bounded").  The 0.5 ms GIL switch interval tried with it
-# measured no gain either.
+# The fetch wait (FETCH_MAX_WAIT_MS below) was tried at 50 ms before --local-shards (commits df634c6,
+# 64564a1) and not kept then: recovery's offsets, which it sped up, are read by a client of our own
+# since, and at half rate it measured no clear difference while probes and answers kept faust's
+# fetches short.  The 0.5 ms GIL switch interval tried with it measured no gain either.
 
 
 class _Active:
@@ -133,8 +129,28 @@ def _active_only(fetch: Any) -> Any:
     return fetch_records
 
 
+#: How long the broker may hold faust's consumer fetch when there is nothing new (faust hard-codes
+#: 1.5 s).  A fetch goes out without the partitions that are buffered or paused (back-pressure) at
+#: that moment, and records that then arrive for them wait until it returns.  With --local-shards
+#: a worker's probes and answers no longer pass through Kafka to wake such a fetch, and the pages
+#: topic is often the only one with traffic: at half the backlog rate the pages waited up to 1.5 s
+#: to be read (p99 2.3 s; bench/README.md, "Shards here").  An empty fetch every 100 ms costs little.
+FETCH_MAX_WAIT_MS = 100
+
+
+def _bounded_fetch_wait(create: Any) -> Any:
+    @functools.wraps(create)
+    def create_worker_consumer(self: Any, transport: Any) -> Any:
+        consumer = create(self, transport)
+        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # read by AIOKafkaConsumer.start (its Fetcher)
+        return consumer
+
+    return create_worker_consumer
+
+
 _thread = cast(Any, faust_aiokafka.AIOKafkaConsumerThread)
 _thread._fetch_records = _active_only(_thread._fetch_records)
+_thread._create_worker_consumer = _bounded_fetch_wait(_thread._create_worker_consumer)
 
 
 def batches_in_flight(fingerprint_processes: int) -> int:
