@@ -805,7 +805,7 @@ class Worker:
                         await self.probes_topic.send(value=encode(chunk, PROBES), partition=shard_partition)
                     if self.settings.standby_replicas:
                         self._sent.append((sent_at, shard_partition, batch))
-                    if shard_partition in self.store.active:  # (a shard here that is not ready yet)
+                    if self.settings.local_shards and shard_partition in self.store.active:  # (not ready yet)
                         self._via_topic.setdefault(shard_partition, []).append(batch)
                 partitions = intake.partitions
                 self._stamp(records, taken_at)
@@ -1173,6 +1173,8 @@ class Worker:
         """Before a batch's probes go to a shard here for the first time: wait (at most
         LOCAL_HANDOVER seconds) for the probes sent there through the topic before (while the
         shard recovered), so the shard stores this worker's pages in the order it took them."""
+        for gone in [p for p in self._via_topic if p not in self.store.active]:  # (moved away: forget them)
+            del self._via_topic[gone]
         deadline = time.monotonic() + LOCAL_HANDOVER
         while any(self._topic_waits(s) for s in partitions) and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
