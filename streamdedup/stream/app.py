@@ -799,6 +799,11 @@ class Worker:
                 if self.settings.local_shards:
                     await self._hold_for_topic([s for s in probes if self.store.ready(s)])
                     here = self._probe_here(probes)  # (removes the probes it takes)
+                    if here is not None and here.error is not None:
+                        # (no changelog record sent) retried now, in the turn: later batches wait,
+                        # as they wait behind a failing batch in the shard agent, and keep their order
+                        await self._recover_here(here.messages, here.error)
+                        here = None
                 for shard_partition, batch in probes.items():
                     self.metrics.probes.labels("topic").inc(len(batch))
                     for chunk in _chunks(batch):
@@ -1202,28 +1207,26 @@ class Worker:
         return _Here(messages, step, writes, None, t0)
 
     async def _finish_here(self, here: _Here) -> None:
-        """The rest of :meth:`_probe_here`: await the changelog, then answer the pages here.  A
-        failure is retried (:meth:`_retry_here`) as the shard agent retries a batch."""
-        error = here.error
-        if error is None:
-            assert here.step is not None
-            try:
-                await self._durable(here.writes)
-                self._after_step(here.step)
-            except Exception as e:
-                error = e
-            else:
-                self.metrics.batch_seconds.labels("shard").observe(time.perf_counter() - here.t0)
-        if error is not None:
-            error = await self._retrying("shard", self._retry_here, here.messages, failed=error)
-            if error is not None:
-                for failed in _failure_answers(here.messages, _describe(error, "shard stage")).values():
-                    self._record_answers(failed)
-            return
+        """The rest of :meth:`_probe_here` (which stored the pages): await the changelog, then
+        answer the pages here.  A failure is retried (:meth:`_recover_here`)."""
         assert here.step is not None
+        try:
+            await self._durable(here.writes)
+            self._after_step(here.step)
+        except Exception as e:
+            await self._recover_here(here.messages, e)
+            return
+        self.metrics.batch_seconds.labels("shard").observe(time.perf_counter() - here.t0)
         for answers in here.step.answers.values():
             if (error := await self._retrying("answers", self._answer_batch, answers)) is not None:
                 self._give_up_answer_batches([answers], error)
+
+    async def _recover_here(self, messages: list[tuple[int, bytes]], error: Exception) -> None:
+        """Probes of shards here whose first attempt failed with ``error``: retried as the shard
+        agent retries a batch; if they keep failing, their pages become dead letters."""
+        if (last := await self._retrying("shard", self._retry_here, messages, failed=error)) is not None:
+            for failed in _failure_answers(messages, _describe(last, "shard stage")).values():
+                self._record_answers(failed)
 
     async def _retry_here(self, messages: list[tuple[int, bytes]]) -> None:
         """The shard stage on probes of shards here that failed: those of a shard no longer served

@@ -20,7 +20,7 @@ from stream_harness import StreamTopics, WorkerProcess, page_record, produce, wa
 from topics import read_topic
 
 from streamdedup.settings import Settings
-from streamdedup.stream.app import internal_topics
+from streamdedup.stream.app import FAULT_ENV, internal_topics
 
 pytestmark = pytest.mark.kafka
 
@@ -86,3 +86,29 @@ def test_a_worker_judges_its_own_pages_in_its_shards_with_the_verdicts_of_the_to
     else:
         assert after["probes"] > before["probes"] and after["answers"] > before["answers"]
         assert probes["local"] == 0
+
+
+def test_a_failed_local_batch_is_retried_in_its_place(kafka, tmp_path):
+    """One partition, batches of 5, the shard step's first batch fails once (the test hook): it is
+    retried before the batches taken after it are stored, so the originals in it are still the
+    ones stored first and their copies in later batches are the near-duplicates, as in ``scan``."""
+    rng = np.random.default_rng(43)
+    originals = [
+        page_record(f"http://local.test/o{i}", "<p>" + " ".join(VOCAB[j] for j in rng.integers(0, 5000, 300)) + "</p>")
+        for i in range(5)
+    ]
+    pages = originals + [
+        dict(r, url=f"http://local.test/copy{n}-{i}") for n in range(4) for i, r in enumerate(originals)
+    ]
+    expected = scan_verdicts(pages)
+    assert sum(v[0] == "near_duplicate" for v in expected.values()) == len(pages) - 5
+    topics = StreamTopics.fresh(kafka, partitions=1)
+    env = {"STREAMDEDUP_BATCH_SIZE": "5", FAULT_ENV: "shard:1"}
+    with WorkerProcess(kafka, topics, tmp_path, env=env) as worker:
+        produce(kafka, topics.pages, pages)  # after the start: the shard here is ready
+        out = wait_for_verdicts(kafka, topics, len(pages), timeout=120)
+        probes = probes_metric(worker)
+        log = worker.log_path.read_text()
+    assert "shard stage failed (attempt 1 of 5)" in log
+    assert probes["local"] > 0 and probes["topic"] == 0
+    assert judged_once(out, pages) == expected
