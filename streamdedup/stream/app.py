@@ -1185,10 +1185,10 @@ class Worker:
             await asyncio.sleep(0.005)
 
     def _local(self, partition: int) -> bool:
-        """Whether this worker's probes for shard ``partition`` skip the probes and answers topics:
-        ``--local-shards``, the partition is active here and recovered, and none of this worker's
+        """Whether this worker's probes for shard ``partition`` skip the probes and answers topics
+        (with ``--local-shards``): the partition is active here and recovered, and none of this worker's
         probes sent there through the topic still waits."""
-        return self.settings.local_shards and self.store.ready(partition) and not self._topic_waits(partition)
+        return self.store.ready(partition) and not self._topic_waits(partition)
 
     def _probe_here(self, probes: dict[int, Batch]) -> _Here | None:
         """The shard stage, here and now (no await: inside the batch's turn, so the shards store
@@ -1217,9 +1217,7 @@ class Worker:
             await self._recover_here(here.messages, e)
             return
         self.metrics.batch_seconds.labels("shard").observe(time.perf_counter() - here.t0)
-        for answers in here.step.answers.values():
-            if (error := await self._retrying("answers", self._answer_batch, answers)) is not None:
-                self._give_up_answer_batches([answers], error)
+        await self._answer_here(here.step)
 
     async def _recover_here(self, messages: list[tuple[int, bytes]], error: Exception) -> None:
         """Probes of shards here whose first attempt failed with ``error``: retried as the shard
@@ -1238,6 +1236,10 @@ class Worker:
         step, writes = self._store_probes([(s, v) for s, v in messages if s not in gone])
         await self._durable(writes)
         self._after_step(step)
+        await self._answer_here(step)
+
+    async def _answer_here(self, step: ShardStep) -> None:
+        """The answers stage on a step of shards here, its answers by input partition."""
         for answers in step.answers.values():
             if (error := await self._retrying("answers", self._answer_batch, answers)) is not None:
                 self._give_up_answer_batches([answers], error)
