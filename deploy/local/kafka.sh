@@ -508,6 +508,18 @@ load_instance_env() {  # ports of a started instance win over the environment de
 # only depends on the Kafka jars, node.id and the SCRAM user, so it is formatted once into
 # run/.format-cache/<key>/ and copied for every fresh start (KAFKA_FORMAT_CACHE=0 disables).
 # All instances made from one template share its cluster id, which is harmless here.
+# A Kafka Uuid: 16 random bytes, URL-safe base64 without padding (what `kafka-storage random-uuid`
+# prints), and, as Kafka's Uuid.randomUuid, never one starting with "-": the tool's argument parser
+# takes that for an option ("--cluster-id: expected one argument"; 1 start in 64 failed so).
+new_cluster_id() {
+    local id
+    while :; do
+        id="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')"
+        [[ "$id" == -* ]] || break
+    done
+    printf '%s\n' "$id"
+}
+
 format_data_dir() {
     local key cache tmp cluster_id
     key="$(printf '%s\n' "$(head -n 1 "$STAMP")" "$KAFKA_SASL_USER" "$KAFKA_SASL_PASSWORD" "node.id=1" \
@@ -519,8 +531,7 @@ format_data_dir() {
     fi
     tmp="$RUN_DIR/.format.$$"
     rm -rf "$tmp"
-    # A Kafka Uuid: 16 random bytes, URL-safe base64 without padding (what `kafka-storage random-uuid` prints).
-    cluster_id="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')"
+    cluster_id="$(new_cluster_id)"
     sed "s|^log.dirs=.*|log.dirs=$tmp|" "$PROPS" >"$RUN_DIR/format.properties"
     # A short-lived tool: C1 only and a small heap start fastest.
     if ! java -Xmx128m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
@@ -779,4 +790,7 @@ main() {
     esac
 }
 
-main "$@"
+# (sourced, as by tests/test_kafka_sh.py: the functions only)
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+    main "$@"
+fi
