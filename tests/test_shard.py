@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from streamdedup.index.file_array import FileArray
 from streamdedup.index.strings import StringHeap
 from streamdedup.index.tables import TableDesign
-from streamdedup.pipeline.shard import Shard, ShardPlan
-from streamdedup.pipeline.wire import Batch
+from streamdedup.pipeline.shard import WORKER_DESIGN, Shard, ShardPlan, ShardStep, shard_step
+from streamdedup.pipeline.wire import ANSWERS, CHANGELOG, PROBES, Batch, decode, encode
 
 
 def pages(seed: int, n: int):
@@ -372,6 +372,78 @@ def test_a_write_that_fails_after_the_strings_leaves_the_shard_as_it_was(tmp_pat
     assert len(shard) == len(twin)
     later = (fps[100:], fetched[100:], id_hash[100:], ids[100:])
     assert answer_all(shard, plan, *later) == answer_all(twin, plan, *later)
+
+
+def _probes_message(plan: ShardPlan, fps, fetched, id_hash, ids) -> bytes:
+    """Every page's probes (one a group) as one probes message of a 1-partition plan; ``request``
+    is the page's number."""
+    rep = np.repeat(np.arange(len(fps)), plan.n_groups)
+    page_ids = [ids[i] for i in rep.tolist()]
+    return encode(
+        Batch.build(
+            group=np.tile(np.arange(plan.n_groups), len(fps)),
+            fps=fps[rep],
+            fetched=fetched[rep],
+            id_hash=id_hash[rep],
+            ids=page_ids,
+            urls=[f"http://x.test/{x}" for x in page_ids],
+            request=rep,
+            kind=PROBES,
+        ),
+        PROBES,
+    )
+
+
+def _answers(step: ShardStep) -> list[tuple]:
+    """A step's answers, one (page, group, distance, match id) a probe, sorted."""
+    out = []
+    for batch in step.answers.values():
+        b = decode([encode(batch, ANSWERS)], ANSWERS)
+        r, g, d = (b.rows[c].tolist() for c in ("request", "group", "distance"))
+        out += zip(r, g, d, b.ids())
+    return sorted(out)
+
+
+def test_a_step_that_fails_midway_hands_back_the_rows_it_stored(tmp_path, monkeypatch):
+    """A full disk in the middle of a shard step: the groups before the failing one stored their
+    pages, and a retry finds them stored (so it does not store, or log, them again).  The step
+    still hands those rows back in its changelog (the worker owes them to the changelog), so a
+    replay of every changelog row gives a shard that answers like the live one, and the retry
+    answers like a shard that never failed."""
+    import errno
+
+    plan = ShardPlan(TableDesign.named(WORKER_DESIGN), 1)
+    fps, fetched, id_hash, ids = pages(17, 450)
+    batches = [slice(0, 150), slice(150, 300), slice(300, 450)]
+    live, twin = Shard(plan, str(tmp_path / "s")), Shard(plan)
+    msgs = [_probes_message(plan, fps[b], fetched[b], id_hash[b], ids[b]) for b in batches]
+    log = shard_step(lambda s: live, [(0, msgs[0])], now=0).changelog
+    shard_step(lambda s: twin, [(0, msgs[0])], now=0)
+
+    def full(values):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(live._groups[2].texts, "extend", full)  # group 2's string file is full
+    failed = ShardStep()
+    with pytest.raises(OSError):
+        shard_step(lambda s: live, [(0, msgs[1])], now=0, out=failed)
+    monkeypatch.undo()
+    new_pages = len({(int(h), int(f)) for h, f in zip(id_hash[:300], fps[:300])}) - len(
+        {(int(h), int(f)) for h, f in zip(id_hash[:150], fps[:150])}
+    )
+    [(at, handed_back)] = failed.changelog
+    assert at == 0 and sorted(set(handed_back.group.tolist())) == [0, 1] and len(handed_back) == 2 * new_pages
+    retry = shard_step(lambda s: live, [(0, msgs[1])], now=0)
+    [(at, rest)] = retry.changelog
+    assert at == 0 and sorted(set(rest.group.tolist())) == [2, 3] and len(rest) == 2 * new_pages
+    assert _answers(retry) == _answers(shard_step(lambda s: twin, [(0, msgs[1])], now=0))
+    log += failed.changelog + retry.changelog
+    replayed = Shard(plan)
+    for _, rows in log:
+        replayed.restore(decode([encode(rows, CHANGELOG)], CHANGELOG))
+    assert len(replayed) == len(live) == len(twin)
+    later = [shard_step(lambda s, x=x: x, [(0, msgs[2])], now=0) for x in (live, replayed, twin)]
+    assert _answers(later[0]) == _answers(later[1]) == _answers(later[2])
 
 
 def _changelog_rows(seed: int, n: int, plan: ShardPlan) -> Batch:

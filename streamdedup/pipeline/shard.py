@@ -208,6 +208,19 @@ class Answers:
     urls: list[str | None]
     stored: np.ndarray  # bool: the probe's page was stored (write it to the changelog)
 
+    @classmethod
+    def empty(cls, n: int) -> Answers:
+        """Answers to ``n`` probes before any is answered: no match, nothing stored."""
+        return cls(
+            np.full(n, -1, np.int64),
+            np.zeros(n, np.uint64),
+            np.zeros(n, np.int64),
+            np.zeros(n, np.uint64),
+            [None] * n,
+            [None] * n,
+            np.zeros(n, dtype=bool),
+        )
+
 
 class Shard:
     """One partition of the sharded index: the tables of every group routed to it.
@@ -261,46 +274,46 @@ class Shard:
         store: bool = True,
         extra: np.ndarray | None = None,
         now: int | None = None,
+        out: Answers | None = None,
     ) -> Answers:
         """Store a batch of probes' pages in order, then answer each probe (the module's rule).
 
         ``store=False``: only answer, against the stored pages (a check: its position is after
         every stored page, or its first store if its id and fingerprint are stored).  ``extra``:
         the probes' extra bytes (the band modes).  ``now``: the wall clock in ms, which bounds
-        what the stored pages' fetch times move the retention clock by (:func:`clock_values`)."""
-        n = len(fps)
-        out = Answers(
-            np.full(n, -1, np.int64),
-            np.zeros(n, np.uint64),
-            np.zeros(n, np.int64),
-            np.zeros(n, np.uint64),
-            [None] * n,
-            [None] * n,
-            np.zeros(n, dtype=bool),
-        )
+        what the stored pages' fetch times move the retention clock by (:func:`clock_values`).
+        ``out``: the answers to fill (:meth:`Answers.empty`), so that if a group fails (a full
+        disk) after the groups before it stored their pages, the caller still sees which pages
+        are stored (``out.stored``: they are in the shard, and the changelog must get them)."""
+        out = Answers.empty(len(fps)) if out is None else out
         group, insert = np.asarray(group, dtype=np.int64), store
         starts: dict[int, int] = {}
         # with a retention, the batch is judged as if its own times had moved the clock already: a
         # page older than the retention is no match for it, however little else the shard stored since
         judge = {} if not self.retention else {"cutoff": self._cutoff_at(clock_values(fetched, now))}
-        for g in np.unique(group).tolist():
-            sel = np.flatnonzero(group == g)
-            gstore = self._groups.get(g)
-            if gstore is None:
-                gstore = self._groups[g] = self._new_group(g)
-            starts[g] = _rows(gstore)
-            gstore.probe_and_insert(
-                sel,
-                fps[sel],
-                fetched[sel],
-                id_hash[sel],
-                [ids[i] for i in sel],
-                [urls[i] for i in sel],
-                out,
-                insert,
-                None if extra is None else extra[sel],
-                **judge,
-            )
+        try:
+            for g in np.unique(group).tolist():
+                sel = np.flatnonzero(group == g)
+                gstore = self._groups.get(g)
+                if gstore is None:
+                    gstore = self._groups[g] = self._new_group(g)
+                starts[g] = _rows(gstore)
+                gstore.probe_and_insert(
+                    sel,
+                    fps[sel],
+                    fetched[sel],
+                    id_hash[sel],
+                    [ids[i] for i in sel],
+                    [urls[i] for i in sel],
+                    out,
+                    insert,
+                    None if extra is None else extra[sel],
+                    **judge,
+                )
+        except BaseException:
+            if insert and out.stored.any():  # (the clock as a replay of the stored rows moves it)
+                self.clock = max(self.clock, int(clock_values(np.asarray(fetched)[out.stored], now).max()))
+            raise
         if insert:
             self._advance(clock_values(np.asarray(fetched)[out.stored], now), starts)
         return out
@@ -529,7 +542,10 @@ class ShardStep:
 
 
 def shard_step(
-    shard_of: Callable[[int], Shard], messages: Iterable[tuple[int, bytes]], now: int | None = None
+    shard_of: Callable[[int], Shard],
+    messages: Iterable[tuple[int, bytes]],
+    now: int | None = None,
+    out: ShardStep | None = None,
 ) -> ShardStep:
     """The shard stage on a run of probe messages: ``(shard partition, value)`` in arrival order.
 
@@ -537,11 +553,15 @@ def shard_step(
     order; the answers are grouped by the input partition that waits for them, and the stored
     rows come back for the changelog (``partition`` zeroed, ``request`` holding each row's clock
     value, :func:`clock_values` of its fetch time and ``now``, the wall clock in ms).
+
+    ``out``: the step to fill.  If the step raises (a full disk in the middle of it), the pages
+    stored before the failure stay stored, and ``out.changelog`` holds them: the caller still
+    owes them to the changelog (a retry finds them stored, so it does not store them again).
     """
     by_partition: dict[tuple[int, int | None], list[bytes]] = defaultdict(list)
     for s, value in messages:
         by_partition[s, kind_of(value)].append(value)
-    out = ShardStep()
+    out = ShardStep() if out is None else out
     replies: dict[int, list[Batch]] = defaultdict(list)
     for (s, kind), values in by_partition.items():
         if kind not in (PROBES, CHECKS):
@@ -549,21 +569,25 @@ def shard_step(
             continue
         out.shards.add(s)
         probes = decode(values, kind)
-        ans = shard_of(s).probe_and_insert(
-            probes.group,
-            probes.fps,
-            probes.fetched,
-            probes.id_hash,
-            probes.ids(),
-            probes.urls(),
-            store=kind == PROBES,
-            extra=probes.extra,
-            now=now,
-        )
-        if ans.stored.any():
-            stored = probes.select(ans.stored)
-            stored.rows["request"], stored.rows["partition"] = clock_values(stored.fetched, now), 0
-            out.changelog.append((s, stored))
+        ans = Answers.empty(len(probes))
+        try:
+            shard_of(s).probe_and_insert(
+                probes.group,
+                probes.fps,
+                probes.fetched,
+                probes.id_hash,
+                probes.ids(),
+                probes.urls(),
+                store=kind == PROBES,
+                extra=probes.extra,
+                now=now,
+                out=ans,
+            )
+        finally:
+            if ans.stored.any():  # (also when a group failed after others stored their pages)
+                stored = probes.select(ans.stored)
+                stored.rows["request"], stored.rows["partition"] = clock_values(stored.fetched, now), 0
+                out.changelog.append((s, stored))
         matched = ans.distance >= 0
         answer = Batch.build(
             group=probes.rows["group"],
@@ -680,10 +704,6 @@ class _GroupStore:
             ranked = rank[first[inverse[fresh]]]  # (-1: not stored; it stands after every stored page)
             pos[fresh[ranked >= 0]] = start + ranked[ranked >= 0]
             if len(new_idx):
-                # the writes that can fail (a full disk) first, all or none. An id equal to its url
-                # (the default) is stored as "" (ids are never empty)
-                texts = [x for i in new_idx.tolist() for x in ("" if ids[i] == urls[i] else ids[i], urls[i])]
-                self._append(fetched[new_idx], id_hash[new_idx], lambda: self.texts.extend(texts))
                 # the batch against its own new pages: a small index of them, searched once
                 mine = self._new_index()
                 mine.add_many(range(len(new_idx)), fps[new_idx])
@@ -692,8 +712,13 @@ class _GroupStore:
                 row = np.concatenate((row, start + inner.row))
                 dist = np.concatenate((dist, inner.distance))
                 rfp = np.concatenate((rfp, fps[new_idx][inner.row]))
+                # then the store: the writes that can fail (a full disk) first, all or none, and
+                # nothing that can fail after the index has the rows but ``out`` does not say so.
+                # An id equal to its url (the default) is stored as "" (ids are never empty)
+                texts = [x for i in new_idx.tolist() for x in ("" if ids[i] == urls[i] else ids[i], urls[i])]
+                self._append(fetched[new_idx], id_hash[new_idx], lambda: self.texts.extend(texts))
                 self.index.add_many(range(start, start + len(new_idx)), fps[new_idx])
-        out.stored[sel[new]] = True
+                out.stored[sel[new]] = True
         row_fp, row_hash = rfp, self.id_hash.take(row)
         # the rule: stored before the probe's position, another id, and this is the pair's canonical group
         keep = (row < pos[q]) & (row_hash != id_hash[q])

@@ -88,7 +88,8 @@ FAILED = -2  # an answer row's distance when its shard gave up on the probe (the
 #: so it counts against the checks limit); ``skip:<partition>:<offset>[,...]``
 #: drops those pages records the first time the consumer delivers them, as faust can (docs/faust-notes.md §10);
 #: ``bulk_replay:<n>`` makes the bulk changelog replay fail after each of its first n restored runs, and
-#: ``bulk_replay_slow:<s>`` makes it wait s seconds after each
+#: ``bulk_replay_slow:<s>`` makes it wait s seconds after each; ``changelog:<n>`` makes the first n
+#: changelog records of stored rows fail to be written (the broker never gets them)
 FAULT_ENV = "TEST_STREAMDEDUP_FAULT"  # (not STREAMDEDUP_*: settings refuse unknown ones)
 CHECK_FAULT_DELAY = 2.0
 
@@ -249,6 +250,9 @@ class Worker:
         self._pool = fingerprint_pool(s.fingerprint_processes) if s.fingerprint_processes else None
         self._writer = struct.pack("<Q", int(time.time() * 1e6))  # changelog keys: unique per incarnation
         self._seq = 0
+        # shard partition -> rows a failed shard step stored there whose changelog records were not
+        # written (the step raised midway, or a write failed); sent before that shard's next rows
+        self._owed: dict[int, list[Batch]] = {}
         self._recovery_started: float | None = None
         self._last_sent = time.monotonic()
         self.faults = _Faults.from_env(os.environ.get(FAULT_ENV, ""))
@@ -1111,41 +1115,71 @@ class Worker:
         await asyncio.gather(*sent)
         self._after_step(step)
 
-    def _store_probes(self, messages: list[tuple[int, bytes]]) -> tuple[ShardStep, list[tuple[int, Any]]]:
+    def _store_probes(self, messages: list[tuple[int, bytes]]) -> tuple[ShardStep, list[_Write]]:
         """The shard stage up to the changelog, with no await: probe and store ``messages``
         ((shard partition, value)) and hand their changelog records to the producer, so the
         changelog holds each shard's rows in the order it stored them.  Returns the step and the
-        changelog sends (:meth:`_durable` awaits them)."""
+        changelog sends (:meth:`_durable` awaits them).
+
+        Rows a failed step stored without a changelog record are owed (``_owed``): a retry finds
+        them stored and does not store them again, so they are sent first with that shard's next
+        rows (and a shard never answers before they are written)."""
         if self.faults:
             probes = [v for _, v in messages if kind_of(v) == PROBES]
             self.faults.check("shard", decode(probes, PROBES).ids() if probes else [])
-        step = shard_step(self.store.shard, messages, now=int(time.time() * 1000))
+        for gone in [p for p in self._owed if not self.store.serves(p)]:  # (its next owner stores them)
+            del self._owed[gone]
+        step = ShardStep()
+        try:
+            shard_step(self.store.shard, messages, now=int(time.time() * 1000), out=step)
+        except Exception:
+            for s, stored in step.changelog:  # stored before the failure
+                self._owed.setdefault(s, []).append(stored)
+            raise
         for s, n in step.skipped:
             log.error("shard %d: skipping %d messages that are not probes", s, n)
         writes = []
-        for s, stored in step.changelog:
+        owed = [(s, rows) for s in sorted(step.shards) for rows in self._owed.pop(s, [])]
+        for s, stored in owed + step.changelog:
             for chunk in _chunks(stored):
                 self._seq += 1
                 key = struct.pack("<I", s) + self._writer + struct.pack("<Q", self._seq)
                 self.store.shard(s).track(key, int(chunk.fetched.max()))  # (--retention: deleted once all expired)
-                writes.append(
-                    (
-                        s,
-                        self.table.send_changelog(
-                            s, key, encode(chunk, CHANGELOG), key_serializer="raw", value_serializer="raw"
-                        ),
-                    )
-                )
+                writes.append(_Write(s, self._send_changelog(s, key, encode(chunk, CHANGELOG)), rows=chunk))
         for s in sorted(step.shards):  # --retention: changelog records whose pages have all expired
             for key in self.store.shard(s).take_tombstones():
-                writes.append(
-                    (s, self.table.send_changelog(s, key, None, key_serializer="raw", value_serializer="raw"))
-                )
+                writes.append(_Write(s, self._send_changelog(s, key, None), key=key))
         return step, writes
 
-    async def _durable(self, writes: list[tuple[int, Any]]) -> None:
-        for s, fut in writes:  # the shard's inserts are durable before anyone hears of them
-            self.store.covered(s, (await fut).offset)
+    def _send_changelog(self, partition: int, key: bytes, value: bytes | None) -> Any:
+        """The producer's future of a changelog record (``value`` None: a tombstone).  A record the
+        producer refuses at once is a failed future too, so :meth:`_durable` owes it again."""
+        try:
+            if self.faults.stage == "changelog" and value is not None and self.faults.times > 0:
+                self.faults.times -= 1  # the test hook: a write the broker never gets
+                raise RuntimeError(f"injected changelog failure (test hook {FAULT_ENV})")
+            return self.table.send_changelog(partition, key, value, key_serializer="raw", value_serializer="raw")
+        except Exception as e:
+            failed = asyncio.get_running_loop().create_future()
+            failed.set_exception(e)
+            return failed
+
+    async def _durable(self, writes: list[_Write]) -> None:
+        """Await every changelog write of a step: the shard's inserts are durable before anyone
+        hears of them.  A write that failed is owed again (its rows, or its tombstone), and the
+        first failure is raised once all are awaited."""
+        error: Exception | None = None
+        for w in writes:
+            try:
+                self.store.covered(w.partition, (await w.sent).offset)
+            except Exception as e:
+                error = error or e
+                if w.rows is not None:
+                    self._owed.setdefault(w.partition, []).append(w.rows)
+                elif w.key is not None and self.store.serves(w.partition):
+                    self.store.shard(w.partition).tombstones[w.key] = None
+        if error is not None:
+            raise error
 
     def _after_step(self, step: ShardStep) -> None:
         for s in step.shards:
@@ -1344,13 +1378,25 @@ class Worker:
 
 
 @dataclass
+class _Write:
+    """A changelog record handed to the producer (Worker._store_probes): its shard partition, the
+    producer's future, and what it carried, owed again if the write fails: its rows, or the key
+    of a tombstone."""
+
+    partition: int
+    sent: Any
+    rows: Batch | None = None
+    key: bytes | None = None
+
+
+@dataclass
 class _Here:
     """Probes given to shards this worker owns (Worker._probe_here): their messages, the step and
     its changelog sends, or the error of that first attempt."""
 
     messages: list[tuple[int, bytes]]
     step: ShardStep | None
-    writes: list[tuple[int, Any]]
+    writes: list[_Write]
     error: Exception | None
     t0: float  # (perf_counter) when the step began
 

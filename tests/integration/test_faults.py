@@ -125,6 +125,32 @@ def test_a_batch_that_keeps_failing_goes_to_the_dead_letter_topic_and_later_page
     assert out == expected
 
 
+@pytest.mark.parametrize("local", [True, False], ids=["local-shards", "through-topics"])
+def test_stored_pages_whose_changelog_write_failed_are_written_with_the_retry(kafka, tmp_path, local):
+    """The broker never got the changelog records of the first pages a shard stored (the test hook
+    fails the writes; the stage retries, and the retry finds those pages stored already).  They
+    are written all the same before any of them is answered: a worker that rebuilds the shards
+    from the changelog alone (a fresh data directory) finds every one, so each copy of them is
+    a near-duplicate of its original."""
+    topics = StreamTopics.fresh(kafka, partitions=2)
+    rng = np.random.default_rng(10)
+    first = pages(rng, "a", 20)
+    second = copies(first, "b")
+    env = {FAULT_ENV: "changelog:2", "STREAMDEDUP_LOCAL_SHARDS": str(local).lower()}
+    with WorkerProcess(kafka, topics, tmp_path, env=env) as worker:
+        produce(kafka, topics.pages, first)
+        out = wait_for_outcomes(kafka, topics, [r["id"] for r in first])
+        assert errors_metric(worker, "shard") >= 1
+        assert "injected changelog failure" in worker.log_path.read_text()
+    assert out == {r["id"]: [("verdict", "unique", None)] for r in first}
+    produce(kafka, topics.pages, second)
+    with WorkerProcess(kafka, topics, tmp_path, name="w2"):  # its shards from the changelog alone
+        out = wait_for_outcomes(kafka, topics, [r["id"] for r in first + second])
+    expected = {r["id"]: [("verdict", "unique", None)] for r in first}
+    expected |= {f"b-{i}": [("verdict", "near_duplicate", f"a-{i}")] for i in range(len(first))}
+    assert out == expected
+
+
 def test_a_broker_outage_logs_a_few_lines_per_node_not_a_flood(tmp_path):
     """A private broker, a worker with pages in flight, then the broker stops for good: the
     worker's connection errors are rate-limited (streamdedup/stream/logs.py) to about one line
