@@ -9,7 +9,8 @@ group holds N rows.  Inserts go in batches of ``--batch`` pages, each batch into
 every ``--probe-every`` batches a batch of queries is searched in each group, so that the worst
 single call while growing is seen for searches too (the merges happen while growing).  Then,
 with every merge finished, batches of ``--query-batch`` queries (half stored pages with 1..3
-bits flipped, half random) are each searched in all 4 groups.
+bits flipped, half random) are each searched in all 4 groups, after one untimed pass of
+other queries (the first pass over a freshly built index is slower).
 
 Prints one JSON line per run and the medians; run it by hand, on an otherwise quiet machine
 (the load average is printed with each run).
@@ -146,6 +147,9 @@ def one_run(
     nbytes = sum(g.nbytes for g in groups)
 
     queries = queries_for(fps, 100 * qbatch, rng)
+    # an untimed pass first: the first search of an index just built ran at 0.4-0.7 x the next
+    # ones at 100 M pages (2026-11-29), whichever thread count came first
+    query_rate(groups, queries_for(fps, 100 * qbatch, rng), qbatch, 1)
     rates = {n: query_rate(groups, queries, qbatch, n) for n in threads}
     found = rates[threads[0]][1]
     bound = read_bound(groups, queries, qbatch) if design == "block" else {}
