@@ -89,8 +89,12 @@ FAILED = -2  # an answer row's distance when its shard gave up on the probe (the
 #: drops those pages records the first time the consumer delivers them, as faust can (docs/faust-notes.md §10);
 #: ``bulk_replay:<n>`` makes the bulk changelog replay fail after each of its first n restored runs, and
 #: ``bulk_replay_slow:<s>`` makes it wait s seconds after each; ``changelog:<n>`` makes the first n
-#: changelog records of stored rows fail to be written (the broker never gets them)
+#: changelog records of stored rows fail to be written (the broker never gets them); ``handover:<s>``
+#: makes the shards here ready (for --local-shards) s seconds after their recovery, logging
+#: HANDOVER_READY then, and the shard agent take no probes until HANDOVER_HOLD seconds after that
 FAULT_ENV = "TEST_STREAMDEDUP_FAULT"  # (not STREAMDEDUP_*: settings refuse unknown ones)
+HANDOVER_READY = "test hook: the shards here are ready now"
+HANDOVER_HOLD = 1.5  # (the test hook handover: seconds the shard agent holds its probes after that)
 CHECK_FAULT_DELAY = 2.0
 
 
@@ -253,6 +257,7 @@ class Worker:
         # shard partition -> rows a failed shard step stored there whose changelog records were not
         # written (the step raised midway, or a write failed); sent before that shard's next rows
         self._owed: dict[int, list[Batch]] = {}
+        self._ready_at: float | None = None  # (the test hook handover: when the shards here became ready)
         self._recovery_started: float | None = None
         self._last_sent = time.monotonic()
         self.faults = _Faults.from_env(os.environ.get(FAULT_ENV, ""))
@@ -341,6 +346,9 @@ class Worker:
         @app.agent(self.probes_topic, name="shards")
         async def shard_agent(stream):
             async for events in stream.take_events(256, within=s.batch_timeout / 2):
+                if self.faults.stage == "handover":  # the test hook: probes held (HANDOVER_HOLD)
+                    while self._ready_at is None or time.monotonic() < self._ready_at + HANDOVER_HOLD:
+                        await asyncio.sleep(0.05)
                 t0 = time.perf_counter()
                 self._heard_from(self.probes_topic.get_topic_name(), events)
                 self._busy.add("shard")
@@ -1375,6 +1383,15 @@ class Worker:
     def _on_recovered(self) -> None:
         if self._recovery_started is not None:
             self.metrics.recovery_seconds.set(time.monotonic() - self._recovery_started)
+        if self.faults.stage == "handover":  # the test hook: ready only s seconds later
+            recovered, self.store._recovered = self.store._recovered, None
+            asyncio.get_running_loop().call_later(self.faults.times, self._ready_now, recovered)
+
+    def _ready_now(self, recovered: tuple[int | None] | None) -> None:
+        """(The test hook ``handover``.)"""
+        if recovered == (self.store._rebalance,):  # (the same assignment still)
+            self.store._recovered, self._ready_at = recovered, time.monotonic()
+            log.warning(HANDOVER_READY)
 
 
 @dataclass

@@ -3,8 +3,9 @@ to the shard partitions it owns itself, with no message through the probes and a
 and the verdicts are those of the topic path and of ``scan``.
 
 One input partition, pairs produced newer page first, and a backlog that is already there when
-the worker starts (its first batches are taken while its shards recover, so they go through the
-topic, and the switch to the shards here must keep the partition's order).  Every check reads
+the worker starts (batches taken while its shards recover go through the topic, but with an
+empty changelog that window is short and is often missed: the switch to the shards here, which
+must keep the partition's order, is forced by the test hook in the last test).  Every check reads
 every output topic to its end offsets once the worker has committed every page.
 """
 
@@ -20,7 +21,7 @@ from stream_harness import StreamTopics, WorkerProcess, page_record, produce, wa
 from topics import read_topic
 
 from streamdedup.settings import Settings
-from streamdedup.stream.app import FAULT_ENV, internal_topics
+from streamdedup.stream.app import FAULT_ENV, HANDOVER_READY, internal_topics
 
 pytestmark = pytest.mark.kafka
 
@@ -112,3 +113,31 @@ def test_a_failed_local_batch_is_retried_in_its_place(kafka, tmp_path):
     assert "shard stage failed (attempt 1 of 5)" in log
     assert probes["local"] > 0 and probes["topic"] == 0
     assert judged_once(out, pages) == expected
+
+
+def test_the_switch_to_the_shards_here_waits_for_the_probes_sent_through_the_topic(kafka, tmp_path):
+    """Pages taken while the worker's shard partition is not ready send their probes through the
+    probes topic (the test hook makes the shard ready 3 s after its recovery, and holds the shard
+    agent's probes until 1 s after that).  Copies of those pages taken once the shard is ready must
+    not be stored here before them: the switch to the shard here waits for those probes' answers
+    (at most LOCAL_HANDOVER), so the originals are stored first and the copies are the
+    near-duplicates, as in ``scan``."""
+    rng = np.random.default_rng(44)
+    originals = [
+        page_record(f"http://local.test/o{i}", "<p>" + " ".join(VOCAB[j] for j in rng.integers(0, 5000, 300)) + "</p>")
+        for i in range(40)
+    ]
+    copies = [dict(r, url=f"http://local.test/copy-{i}") for i, r in enumerate(originals)]
+    expected = scan_verdicts(originals + copies)
+    assert sum(v[0] == "near_duplicate" for v in expected.values()) == len(copies)
+    topics = StreamTopics.fresh(kafka, partitions=1)
+    env = {"STREAMDEDUP_BATCH_SIZE": "50", FAULT_ENV: "handover:3"}  # (every page may wait at once)
+    with WorkerProcess(kafka, topics, tmp_path, env=env) as worker:
+        produce(kafka, topics.pages, originals)  # taken before the shard here is ready
+        worker.wait_for_log(HANDOVER_READY, 60)
+        produce(kafka, topics.pages, copies)  # taken after
+        out = wait_for_verdicts(kafka, topics, len(originals) + len(copies), timeout=120)
+        probes = probes_metric(worker)
+    # both paths were taken (the first originals, at least, before the shard was ready)
+    assert probes["topic"] > 0 and probes["local"] >= 4 * len(copies), probes
+    assert judged_once(out, originals + copies) == expected
