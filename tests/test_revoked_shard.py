@@ -9,6 +9,9 @@ When the partition came back to this worker, the store trusted that offset (the 
 memory, or its snapshot written at the next rebalance) and recovery replayed only the changelog
 after it: every page stored before was gone from the index, and its copies were judged unique.
 
+The last test is of the same stage when a changelog write fails (its pages are owed to the
+changelog, and written with the retry).
+
 These tests drive a Worker's shard stage (``Worker.on_probes``, the production path) and its
 store through faust's rebalance and recovery calls, with the changelog and the answers topic
 stubbed.  faust's recovery is played by :func:`recover`: the store's ``persisted_offset``, then
@@ -277,3 +280,47 @@ def test_end_offsets_are_read_by_the_workers_own_client_not_fausts_busy_consumer
 
     asyncio.run(rebalance())
     assert store.ends == {0: 0, 1: 3}
+
+
+@pytest.mark.parametrize("fails", ["when sent", "when awaited"])
+def test_a_page_whose_changelog_write_failed_is_written_by_the_retry_before_it_is_answered(
+    worker, cluster, monkeypatch, fails
+):
+    """The first changelog write fails (the producer refuses it at once, or its future fails
+    later): the step raises before any answer, and its retry, which finds the page stored and so
+    stores nothing, writes the page's changelog record all the same before it answers (so a
+    shard rebuilt from the changelog has the page)."""
+    plan = worker.plan
+    first = page(1, SHARD, plan)
+    copy = page(4, SHARD, plan, near=first[0])
+    broken = [RuntimeError("the broker is away")]
+
+    def send_changelog(partition: int, key: bytes, value: bytes, **kwargs):
+        if broken:
+            error = broken.pop()
+            if fails == "when sent":
+                raise error
+
+            async def failed():
+                raise error
+
+            return failed()
+        return cluster.send_changelog(partition, key, value, **kwargs)
+
+    monkeypatch.setattr(worker.table, "send_changelog", send_changelog)
+
+    async def scenario() -> None:
+        await assign(worker, cluster, monkeypatch, active={SHARD})
+        with pytest.raises(RuntimeError, match="the broker is away"):
+            await worker.on_probes(probes(SHARD, 0, *first, request=11))
+        assert not cluster.changelog.get(SHARD) and not cluster.answers  # no answer about a page it could lose
+        await worker.on_probes(probes(SHARD, 0, *first, request=11))  # the stage's retry
+        assert answer_to(cluster, 11) == (-1, "")
+        # the page is in the changelog (a shard rebuilt from it has the page), covered here
+        assert [decode([v], CHANGELOG).ids() for v in cluster.changelog[SHARD]] == [[first[1]]]
+        assert worker.store.offsets[SHARD] == 0
+        await worker.on_probes(probes(SHARD, 1, *copy, request=13))
+
+    asyncio.run(scenario())
+    assert answer_to(cluster, 13) == (1, first[1])
+    assert [decode([v], CHANGELOG).ids() for v in cluster.changelog[SHARD]] == [[first[1]], [copy[1]]]
