@@ -21,6 +21,7 @@ stubbed.  faust's recovery is played by :func:`recover`: the store's ``persisted
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -89,13 +90,21 @@ def cluster() -> Cluster:
     return Cluster()
 
 
-@pytest.fixture
-def worker(tmp_path, cluster, monkeypatch):
-    w = Worker(Settings(data_dir=tmp_path, fingerprint_processes=0, partitions=2), registry=CollectorRegistry())
+def stubbed_worker(tmp_path, cluster: Cluster, monkeypatch, **settings) -> Worker:
+    """A Worker (2 partitions, no pool) whose Kafka is ``cluster``."""
+    w = Worker(
+        Settings(data_dir=tmp_path, fingerprint_processes=0, partitions=2, **settings), registry=CollectorRegistry()
+    )
     monkeypatch.setattr(w.table, "send_changelog", cluster.send_changelog)
     monkeypatch.setattr(w.answers_topic, "send", cluster.send_answers)
     monkeypatch.setattr(ShardStore, "end_offsets", cluster.end_offsets)  # the worker's own client
     monkeypatch.setattr(w.app, "_consumer", SimpleNamespace(highwaters=cluster.never))  # faust's, busy
+    return w
+
+
+@pytest.fixture
+def worker(tmp_path, cluster, monkeypatch):
+    w = stubbed_worker(tmp_path, cluster, monkeypatch)
     yield w
     w.close()
 
@@ -324,3 +333,45 @@ def test_a_page_whose_changelog_write_failed_is_written_by_the_retry_before_it_i
     asyncio.run(scenario())
     assert answer_to(cluster, 13) == (1, first[1])
     assert [decode([v], CHANGELOG).ids() for v in cluster.changelog[SHARD]] == [[first[1]], [copy[1]]]
+
+
+def test_a_tombstone_whose_write_failed_is_written_by_the_retry(tmp_path, cluster, monkeypatch):
+    """--retention: a page's changelog record whose rows have all expired is deleted with a
+    tombstone.  If that write fails, the retry writes the tombstone (so Kafka's compaction still
+    removes the record, and a replay does not hold the page again)."""
+    w = stubbed_worker(tmp_path, cluster, monkeypatch, retention=3600)  # an hour
+    broken = [RuntimeError("the broker is away")]
+
+    async def send_changelog(partition: int, key: bytes, value: bytes | None, **kwargs):
+        if value is None and broken:
+            raise broken.pop()
+        return await cluster.send_changelog(partition, key, value, **kwargs)
+
+    monkeypatch.setattr(w.table, "send_changelog", send_changelog)
+    old, new = page(1, SHARD, w.plan), page(2, SHARD, w.plan)
+    hour = 3600 * 1000
+    t0 = int(time.time() * 1000) - 10 * hour
+
+    def fetched_at(at: int, fp: np.uint64, url: str, request: int) -> list[Event]:
+        batch = rows(fp, url, request)
+        batch.rows["fetched"] = at
+        return [Event(Message(SHARD, request, encode(batch, PROBES)))]
+
+    async def scenario() -> None:
+        await assign(w, cluster, monkeypatch, active={SHARD})
+        await w.on_probes(fetched_at(t0, *old, request=1))
+        with pytest.raises(RuntimeError, match="the broker is away"):  # 2 h later: the old page has expired
+            await w.on_probes(fetched_at(t0 + 2 * hour, *new, request=2))
+        assert [v is None for v in cluster.changelog[SHARD]] == [False, False]
+        await w.on_probes(fetched_at(t0 + 2 * hour, *new, request=2))  # the stage's retry
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        w.close()
+    assert [None if v is None else decode([v], CHANGELOG).ids() for v in cluster.changelog[SHARD]] == [
+        [old[1]],
+        [new[1]],
+        None,
+    ]
+    assert answer_to(cluster, 2) == (-1, "")
