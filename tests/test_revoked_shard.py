@@ -375,3 +375,131 @@ def test_a_tombstone_whose_write_failed_is_written_by_the_retry(tmp_path, cluste
         None,
     ]
     assert answer_to(cluster, 2) == (-1, "")
+
+
+@pytest.mark.parametrize("then", ["moves away", "is a standby here", "the worker stops"])
+def test_a_page_owed_to_the_changelog_reaches_it_after_the_shard_moves_or_the_worker_stops(
+    tmp_path, cluster, monkeypatch, then
+):
+    """A step stored a page and its changelog write failed: the page is owed to the changelog.
+    Before a step of that shard succeeds, the shard partition moves away (its snapshot is taken),
+    becomes a standby here (it stays in memory), or the worker stops (snapshots are taken).  The
+    page, never answered, is read again and its probe comes to this worker once the shard is
+    active here again.  The changelog must then hold the page, so that a shard rebuilt from it
+    alone (another worker, no snapshot) has it too: a snapshot or a shard in memory that holds a
+    page the changelog lacks made the retry find it stored and write nothing."""
+    w = stubbed_worker(tmp_path / "w", cluster, monkeypatch)
+    plan, other = w.plan, 1 - SHARD
+    before, first, elsewhere = page(3, SHARD, plan), page(1, SHARD, plan), page(2, other, plan)
+    copy = page(4, SHARD, plan, near=first[0])
+    broken: list[Exception] = []
+
+    def send_changelog(partition: int, key: bytes, value: bytes, **kwargs):
+        if broken and partition == SHARD:
+            raise broken.pop()
+        return cluster.send_changelog(partition, key, value, **kwargs)
+
+    monkeypatch.setattr(w.table, "send_changelog", send_changelog)
+
+    async def failed_step() -> None:
+        await assign(w, cluster, monkeypatch, active={SHARD, other})
+        await w.on_probes(probes(SHARD, 0, *before, request=10))  # written: the shard covers offset 0
+        broken.append(RuntimeError("the broker is away"))
+        with pytest.raises(RuntimeError, match="the broker is away"):
+            await w.on_probes(probes(SHARD, 1, *first, request=11))
+        if then == "the worker stops":
+            await w.store.on_stop()
+            return
+        if then == "moves away":
+            await assign(w, cluster, monkeypatch, active={other})
+        else:
+            await assign(w, cluster, monkeypatch, active={other}, standby={SHARD})
+        await w.on_probes(probes(other, 0, *elsewhere, request=12))  # another shard's step meanwhile
+        await assign(w, cluster, monkeypatch, active={SHARD, other})  # the shard comes back
+
+    async def read_again(w: Worker) -> None:
+        if then == "the worker stops":
+            await assign(w, cluster, monkeypatch, active={SHARD, other})
+        await w.on_probes(probes(SHARD, 2, *first, request=21))
+
+    asyncio.run(failed_step())
+    if then == "the worker stops":
+        w.close()
+        w = stubbed_worker(tmp_path / "w", cluster, monkeypatch)  # restarted on its data dir
+    try:
+        asyncio.run(read_again(w))
+    finally:
+        w.close()
+    assert answer_to(cluster, 21) == (-1, "")
+    assert [first[1]] in [decode([v], CHANGELOG).ids() for v in cluster.changelog[SHARD]]
+    fresh = stubbed_worker(tmp_path / "fresh", cluster, monkeypatch)  # rebuilt from the changelog alone
+
+    async def rebuilt() -> None:
+        await assign(fresh, cluster, monkeypatch, active={SHARD, other})
+        await fresh.on_probes(probes(SHARD, 3, *copy, request=31))
+
+    try:
+        asyncio.run(rebuilt())
+    finally:
+        fresh.close()
+    assert answer_to(cluster, 31) == (1, first[1])
+
+
+@pytest.mark.parametrize("write", ["fails", "lands"])
+def test_a_snapshot_taken_while_a_changelog_write_is_under_way_waits_for_it(tmp_path, cluster, monkeypatch, write):
+    """A shard's periodic snapshot is taken while a write of rows it stored is under way (another
+    step's).  It is written once the write lands; if the write fails, never: it would hold a page
+    the changelog lacks, and the restarted worker, loading it, would find the page stored when it
+    is read again and write nothing.  Instead the shard is rebuilt from the changelog there, and
+    the page is stored and written."""
+    w = stubbed_worker(tmp_path / "w", cluster, monkeypatch)
+    before, first = page(3, SHARD, w.plan), page(1, SHARD, w.plan)
+    copy = page(4, SHARD, w.plan, near=first[0])
+    gate: list[asyncio.Future] = []
+
+    def send_changelog(partition: int, key: bytes, value: bytes, **kwargs):
+        return gate[0] if gate else cluster.send_changelog(partition, key, value, **kwargs)
+
+    monkeypatch.setattr(w.table, "send_changelog", send_changelog)
+    path = w.store._snapshot_path(SHARD)
+
+    async def scenario() -> None:
+        await assign(w, cluster, monkeypatch, active={SHARD})
+        await w.on_probes(probes(SHARD, 0, *before, request=10))
+        gate.append(asyncio.get_running_loop().create_future())
+        step = asyncio.ensure_future(w.on_probes(probes(SHARD, 1, *first, request=11)))
+        await asyncio.sleep(0.01)  # the step stored the page and waits for its write
+        assert w.store.snapshot(SHARD, background=True)
+        w.store.finish_snapshots()
+        assert not path.exists()  # not while the write is under way
+        if write == "lands":
+            gate[0].set_result(SimpleNamespace(offset=cluster.append(SHARD, encode(rows(*first), CHANGELOG))))
+            await step
+            w.store.finish_snapshots()
+            assert path.exists()
+            return
+        gate[0].set_exception(RuntimeError("the broker is away"))
+        with pytest.raises(RuntimeError, match="the broker is away"):
+            await step
+        w.store.finish_snapshots()
+        assert not path.exists() and w.store.owed_rows() == 1
+        await w.store.on_stop()  # no snapshot while the page is owed
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        w.close()
+    gate.clear()
+    w = stubbed_worker(tmp_path / "w", cluster, monkeypatch)
+
+    async def restarted() -> None:
+        await assign(w, cluster, monkeypatch, active={SHARD})
+        await w.on_probes(probes(SHARD, 2, *first, request=21))  # read again
+        await w.on_probes(probes(SHARD, 3, *copy, request=31))
+
+    try:
+        asyncio.run(restarted())
+    finally:
+        w.close()
+    assert [decode([v], CHANGELOG).ids() for v in cluster.changelog[SHARD]] == [[before[1]], [first[1]], [copy[1]]]
+    assert answer_to(cluster, 31) == (1, first[1])

@@ -254,9 +254,6 @@ class Worker:
         self._pool = fingerprint_pool(s.fingerprint_processes) if s.fingerprint_processes else None
         self._writer = struct.pack("<Q", int(time.time() * 1e6))  # changelog keys: unique per incarnation
         self._seq = 0
-        # shard partition -> rows a failed shard step stored there whose changelog records were not
-        # written (the step raised midway, or a write failed); sent before that shard's next rows
-        self._owed: dict[int, list[Batch]] = {}
         self._ready_at: float | None = None  # (the test hook handover: when the shards here became ready)
         self._recovery_started: float | None = None
         self._last_sent = time.monotonic()
@@ -430,6 +427,7 @@ class Worker:
         @app.timer(interval=5.0, name="gauges")
         async def gauges():
             self.gauges.update_shards(dict(self.store.shards))
+            self.metrics.changelog_owed.set(self.store.owed_rows())
             self.gauges.update_lag(
                 self.app.consumer,
                 {s.pages_topic, self.probes_topic.get_topic_name(), self.answers_topic.get_topic_name()},
@@ -1129,31 +1127,30 @@ class Worker:
         changelog holds each shard's rows in the order it stored them.  Returns the step and the
         changelog sends (:meth:`_durable` awaits them).
 
-        Rows a failed step stored without a changelog record are owed (``_owed``): a retry finds
-        them stored and does not store them again, so they are sent first with that shard's next
-        rows (and a shard never answers before they are written)."""
+        Rows a failed step stored without a changelog record are owed (``ShardStore.owed``): a
+        retry finds them stored and does not store them again, so they are sent first with that
+        shard's next rows (and a shard never answers before they are written)."""
         if self.faults:
             probes = [v for _, v in messages if kind_of(v) == PROBES]
             self.faults.check("shard", decode(probes, PROBES).ids() if probes else [])
-        for gone in [p for p in self._owed if not self.store.serves(p)]:  # (its next owner stores them)
-            del self._owed[gone]
         step = ShardStep()
         try:
             shard_step(self.store.shard, messages, now=int(time.time() * 1000), out=step)
         except Exception:
             for s, stored in step.changelog:  # stored before the failure
-                self._owed.setdefault(s, []).append(stored)
+                self.store.owe(s, stored)
             raise
         for s, n in step.skipped:
             log.error("shard %d: skipping %d messages that are not probes", s, n)
         writes = []
-        owed = [(s, rows) for s in sorted(step.shards) for rows in self._owed.pop(s, [])]
+        owed = [(s, rows) for s in sorted(step.shards) for rows in self.store.take_owed(s)]
         for s, stored in owed + step.changelog:
             for chunk in _chunks(stored):
                 self._seq += 1
                 key = struct.pack("<I", s) + self._writer + struct.pack("<Q", self._seq)
                 self.store.shard(s).track(key, int(chunk.fetched.max()))  # (--retention: deleted once all expired)
-                writes.append(_Write(s, self._send_changelog(s, key, encode(chunk, CHANGELOG)), rows=chunk))
+                sent = self._send_changelog(s, key, encode(chunk, CHANGELOG))
+                writes.append(_Write(s, self.store.sending(s, sent, chunk), rows=chunk))  # (owed if it fails)
         for s in sorted(step.shards):  # --retention: changelog records whose pages have all expired
             for key in self.store.shard(s).take_tombstones():
                 writes.append(_Write(s, self._send_changelog(s, key, None), key=key))
@@ -1174,17 +1171,17 @@ class Worker:
 
     async def _durable(self, writes: list[_Write]) -> None:
         """Await every changelog write of a step: the shard's inserts are durable before anyone
-        hears of them.  A write that failed is owed again (its rows, or its tombstone), and the
-        first failure is raised once all are awaited."""
+        hears of them.  A write that failed is owed again (its rows, by the store; or its
+        tombstone), and the first failure is raised once all are awaited."""
         error: Exception | None = None
         for w in writes:
             try:
-                self.store.covered(w.partition, (await w.sent).offset)
+                offset = (await w.sent).offset
+                if w.key is not None:  # (a write of rows: recorded by the store as it lands)
+                    self.store.covered(w.partition, offset)
             except Exception as e:
                 error = error or e
-                if w.rows is not None:
-                    self._owed.setdefault(w.partition, []).append(w.rows)
-                elif w.key is not None and self.store.serves(w.partition):
+                if w.key is not None and self.store.serves(w.partition):
                     self.store.shard(w.partition).tombstones[w.key] = None
         if error is not None:
             raise error
@@ -1397,8 +1394,8 @@ class Worker:
 @dataclass
 class _Write:
     """A changelog record handed to the producer (Worker._store_probes): its shard partition, the
-    producer's future, and what it carried, owed again if the write fails: its rows, or the key
-    of a tombstone."""
+    producer's future, and what it carried: its rows (owed by the store if the write fails), or
+    the key of a tombstone (owed again by the worker)."""
 
     partition: int
     sent: Any

@@ -52,6 +52,7 @@ class Metrics:
     shard_fingerprints: Gauge
     shard_bytes: Gauge
     shard_file_bytes: Gauge
+    changelog_owed: Gauge
     recovery_restored: Gauge
     recovery_target: Gauge
     recovery_seconds: Gauge
@@ -125,6 +126,13 @@ class Metrics:
                 "streamdedup_shard_file_bytes",
                 "Bytes of a shard's row files on disk (ids, URLs, fetch times, id hashes), beside its snapshots.",
                 ["partition"],
+                **r,
+            ),
+            changelog_owed=Gauge(
+                "streamdedup_changelog_owed_rows",
+                "Rows stored in this worker's shards whose changelog write failed, sent again with their "
+                "shard's next rows. Above 0 for long: the shard changelog cannot be written, and a shard "
+                "rebuilt from it elsewhere would lack these pages.",
                 **r,
             ),
             recovery_restored=Gauge(

@@ -64,6 +64,9 @@ __all__ = ["BulkReplay", "ShardStore", "NotAssigned", "SCHEME", "snapshot_meta",
 
 SCHEME = "sdshard"  # the faust store URL scheme (not the fingerprint scheme)
 END_OFFSETS_TIMEOUT = 5.0  # seconds a rebalance waits for the changelog's end offsets
+#: Seconds a shard that leaves (a rebalance, the worker's stop) waits for its changelog writes
+#: under way before its snapshot (still under way then: no snapshot, the one before stands).
+WRITES_TIMEOUT = 5.0
 #: The niceness of the snapshot writer's thread (its increase over the process's): on a busy
 #: machine the write (checksums, copies into the page cache) waits, not the event loop.
 WRITER_NICENESS = 10
@@ -225,6 +228,16 @@ class ShardStore(base.Store):
         self._rebalance: int | None = None  # faust's rebalance count when the assignment came
         self._recovered: tuple[int | None] | None = None  # (_rebalance,) once its recovery completed
         self._crashing: asyncio.Future | None = None
+        # The changelog writes of rows the shards here stored (:meth:`sending`).  A snapshot file
+        # never holds a row whose write was not acknowledged: else a retry of its page, finding
+        # it stored, wrote nothing, and the changelog lacked the page for good.
+        # partition -> rows its shard in memory stored whose write failed or was never sent (a
+        # step failed midway), sent again before its next rows; no snapshot while any is owed
+        self.owed: dict[int, list[Batch]] = {}
+        self._in_flight: dict[int, set[asyncio.Future]] = {}  # partition -> its writes under way
+        # partition -> a periodic snapshot taken while writes were under way, written once they
+        # all land (dropped if one fails): (the write's arguments, the writes it waits for)
+        self._held: dict[int, tuple[tuple, set[asyncio.Future]]] = {}
 
     @classmethod
     def configure(
@@ -275,6 +288,58 @@ class ShardStore(base.Store):
         if self.serves(partition) and partition in self.shards:
             self.offsets[partition] = max(offset, self.offsets.get(partition, -1))
 
+    # -------------------------------------------------------------- rows owed to the changelog
+    def sending(self, partition: int, sent: Any, rows: Batch) -> asyncio.Future:
+        """A changelog write of ``rows`` that the shard of ``partition`` stored (``sent``: the
+        producer's future, or a coroutine).  Returns it as a future; its outcome is recorded here
+        when it lands: the offset covered, or the rows owed (while that shard is the one here)."""
+        future = asyncio.ensure_future(sent)
+        shard = self.shards.get(partition)
+        self._in_flight.setdefault(partition, set()).add(future)
+        if future.done():  # (refused at once: owed now, before the step's retry can look)
+            self._landed(partition, shard, rows, future)
+        else:  # (called before the callbacks of anyone awaiting it, who thus finds its outcome recorded)
+            future.add_done_callback(lambda f: self._landed(partition, shard, rows, f))
+        return future
+
+    def owe(self, partition: int, rows: Batch) -> None:
+        """Rows the shard of ``partition`` stored and no changelog write was sent for (the step
+        failed before): sent with its next rows."""
+        if partition in self.shards:
+            self.owed.setdefault(partition, []).append(rows)
+
+    def take_owed(self, partition: int) -> list[Batch]:
+        """The rows owed by the shard of ``partition``, to send now (in the order stored)."""
+        return self.owed.pop(partition, [])
+
+    def owed_rows(self) -> int:
+        return sum(len(rows) for owed in self.owed.values() for rows in owed)
+
+    def _landed(self, partition: int, shard: Shard | None, rows: Batch, future: asyncio.Future) -> None:
+        flying = self._in_flight.get(partition, set())
+        flying.discard(future)
+        if not flying:
+            self._in_flight.pop(partition, None)
+        ok = not future.cancelled() and future.exception() is None
+        if ok:
+            self.covered(partition, future.result().offset)
+        elif shard is not None and self.shards.get(partition) is shard:
+            self.owed.setdefault(partition, []).append(rows)
+        if (held := self._held.get(partition)) is not None and future in held[1]:
+            held[1].discard(future)
+            if not ok:  # it holds rows the changelog lacks
+                del self._held[partition]
+                log.info("shard %d: snapshot dropped: a changelog write of rows it holds failed", partition)
+            elif not held[1]:
+                del self._held[partition]
+                self._submit(partition, *held[0])
+
+    async def _settle_writes(self, partition: int) -> None:
+        """Before the snapshot of a shard that leaves: its changelog writes under way, landed (at
+        most WRITES_TIMEOUT seconds; with one still under way then, no snapshot is written)."""
+        if flying := self._in_flight.get(partition):
+            await asyncio.wait(set(flying), timeout=WRITES_TIMEOUT)
+
     # -------------------------------------------------------------- snapshots
     def _snapshot_path(self, partition: int) -> Path | None:
         if self.data_dir is None:
@@ -302,6 +367,19 @@ class ShardStore(base.Store):
         self._first.discard(partition)
         if path is None or shard is None or partition not in self.offsets:
             return False
+        if owed := sum(len(rows) for rows in self.owed.get(partition, [])):
+            log.warning(
+                "shard %d: no snapshot while %d rows it stored are not in the changelog (a write failed; "
+                "they go with its next rows)",
+                partition,
+                owed,
+            )
+            return False
+        flying = self._in_flight.get(partition)
+        if flying and not background:
+            log.warning("shard %d: no snapshot while changelog writes of rows it stored are under way", partition)
+            return False
+        self._held.pop(partition, None)  # (superseded)
         self._drop_queued(partition)
         if not background:
             self.finish_snapshots(partition)
@@ -310,15 +388,22 @@ class ShardStore(base.Store):
         if background:
             arrays = shard.snapshot_arrays()
             shard.compacted = False
-            if self._writer is None:
-                self._writer = ThreadPoolExecutor(1, thread_name_prefix="snapshot", initializer=_lower_priority)
-            write = self._writer.submit(self._write_snapshot, partition, path, arrays, meta, entries, t0)
-            self._writing.setdefault(partition, []).append(write)
+            if flying:  # written once they land (dropped if one fails)
+                self._held[partition] = ((path, arrays, meta, entries, t0), set(flying))
+            else:
+                self._submit(partition, path, arrays, meta, entries, t0)
             return True
         shard.save(path, meta)
         shard.compacted = False
         self._saved(partition, entries, meta, t0, t0)
         return True
+
+    def _submit(self, partition: int, path: Path, arrays: dict, meta: dict, entries: int, t0: float) -> None:
+        """Queue a snapshot's write for the store's writer thread."""
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="snapshot", initializer=_lower_priority)
+        write = self._writer.submit(self._write_snapshot, partition, path, arrays, meta, entries, t0)
+        self._writing.setdefault(partition, []).append(write)
 
     def finish_snapshots(self, partition: int | None = None) -> None:
         """Wait for the background writes (of ``partition``, or of every partition), queued or under way."""
@@ -514,9 +599,12 @@ class ShardStore(base.Store):
         self.active = {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == topic}
         self._rebalance = getattr(self.app, "rebalancing_count", None)
         for partition in [p for p in self.shards if p not in keep]:
+            await self._settle_writes(partition)
             self.snapshot(partition)  # it may come back: a later recovery replays only the tail
             self.shards.pop(partition).close()
             self.offsets.pop(partition, None)
+            self.owed.pop(partition, None)  # (not in the snapshot: the pages' retry stores them)
+            self._held.pop(partition, None)
         # The changelog's end offsets, to tell a snapshot of this cluster from a stale one before
         # recovery seeks past it (faust's own check would stop the worker with ConsistencyError),
         # and, for the bulk replay, how long each partition's tail is.
@@ -658,6 +746,7 @@ class ShardStore(base.Store):
 
     async def on_stop(self) -> None:
         for partition in list(self.shards):
+            await self._settle_writes(partition)
             self.snapshot(partition)
         self.finish_snapshots()  # (those of partitions given away meanwhile: written, then the writer ends)
         if self._writer is not None:
