@@ -1188,9 +1188,11 @@ class Worker:
 
     def _after_step(self, step: ShardStep) -> None:
         for s in step.shards:
+            if (shard := self.store.shards.get(s)) is None:
+                continue  # (it moved away while the step awaited its changelog writes)
             # (a compaction rewrote the shard's string files: the last snapshot no longer matches them)
-            if compacted := self.store.shard(s).compacted:
-                log.info("shard %d: expired pages compacted away, %d entries live", s, len(self.store.shard(s)))
+            if compacted := shard.compacted:
+                log.info("shard %d: expired pages compacted away, %d entries live", s, len(shard))
             if self.store.snapshot_due(s, self.settings.snapshot_interval) or compacted:
                 self.store.snapshot(s, background=True)  # (queued for the store's writer thread; staggered)
 
