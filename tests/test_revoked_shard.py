@@ -503,3 +503,51 @@ def test_a_snapshot_taken_while_a_changelog_write_is_under_way_waits_for_it(tmp_
         w.close()
     assert [decode([v], CHANGELOG).ids() for v in cluster.changelog[SHARD]] == [[before[1]], [first[1]], [copy[1]]]
     assert answer_to(cluster, 31) == (1, first[1])
+
+
+@pytest.mark.parametrize("write", ["lands within the wait", "is still under way"])
+def test_a_shard_that_moves_away_waits_for_its_changelog_writes_before_its_snapshot(
+    tmp_path, cluster, monkeypatch, write
+):
+    """At a revocation, a write of rows the shard stored is under way: the store waits for it
+    (WRITES_TIMEOUT) and snapshots the shard once it landed, so a return replays only the tail.
+    A write still under way after the wait leaves the shard without that snapshot (it would hold
+    a page the changelog may never get): the one before stands."""
+    from streamdedup.stream import store as store_module
+
+    monkeypatch.setattr(store_module, "WRITES_TIMEOUT", 0.3)
+    w = stubbed_worker(tmp_path / "w", cluster, monkeypatch)
+    other = 1 - SHARD
+    before, first = page(3, SHARD, w.plan), page(1, SHARD, w.plan)
+    gate: list[asyncio.Future] = []
+
+    def send_changelog(partition: int, key: bytes, value: bytes, **kwargs):
+        return gate[0] if gate else cluster.send_changelog(partition, key, value, **kwargs)
+
+    monkeypatch.setattr(w.table, "send_changelog", send_changelog)
+    path = w.store._snapshot_path(SHARD)
+
+    async def scenario() -> None:
+        await assign(w, cluster, monkeypatch, active={SHARD, other})
+        await w.on_probes(probes(SHARD, 0, *before, request=10))
+        gate.append(asyncio.get_running_loop().create_future())
+        step = asyncio.ensure_future(w.on_probes(probes(SHARD, 1, *first, request=11)))
+        await asyncio.sleep(0.01)  # the step stored the page and waits for its write
+        if write == "lands within the wait":
+            landed = SimpleNamespace(offset=cluster.append(SHARD, encode(rows(*first), CHANGELOG)))
+            asyncio.get_running_loop().call_later(0.1, gate[0].set_result, landed)
+        await assign(w, cluster, monkeypatch, active={other})  # the shard moves away
+        if write == "lands within the wait":
+            assert path.exists()
+            await step
+        else:
+            assert not path.exists()
+            gate[0].set_exception(RuntimeError("the broker is away"))
+            with pytest.raises(RuntimeError):
+                await step
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        w.close()
+    assert not w.store.owed  # (a shard that left owes nothing: the page's retry goes to its owner)

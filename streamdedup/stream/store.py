@@ -312,8 +312,10 @@ class ShardStore(base.Store):
         """The rows owed by the shard of ``partition``, to send now (in the order stored)."""
         return self.owed.pop(partition, [])
 
-    def owed_rows(self) -> int:
-        return sum(len(rows) for owed in self.owed.values() for rows in owed)
+    def owed_rows(self, partition: int | None = None) -> int:
+        """Rows owed by the shard of ``partition``, or by every shard here."""
+        owed = self.owed.values() if partition is None else [self.owed.get(partition, [])]
+        return sum(len(rows) for batches in owed for rows in batches)
 
     def _landed(self, partition: int, shard: Shard | None, rows: Batch, future: asyncio.Future) -> None:
         flying = self._in_flight.get(partition, set())
@@ -334,11 +336,12 @@ class ShardStore(base.Store):
                 del self._held[partition]
                 self._submit(partition, *held[0])
 
-    async def _settle_writes(self, partition: int) -> None:
-        """Before the snapshot of a shard that leaves: its changelog writes under way, landed (at
-        most WRITES_TIMEOUT seconds; with one still under way then, no snapshot is written)."""
-        if flying := self._in_flight.get(partition):
-            await asyncio.wait(set(flying), timeout=WRITES_TIMEOUT)
+    async def _settle_writes(self, partitions: list[int]) -> None:
+        """Before the snapshots of shards that leave: their changelog writes under way, landed (at
+        most WRITES_TIMEOUT seconds in all; a shard with one still under way then is not
+        snapshotted)."""
+        if flying := {f for p in partitions for f in self._in_flight.get(p, ())}:
+            await asyncio.wait(flying, timeout=WRITES_TIMEOUT)
 
     # -------------------------------------------------------------- snapshots
     def _snapshot_path(self, partition: int) -> Path | None:
@@ -367,7 +370,7 @@ class ShardStore(base.Store):
         self._first.discard(partition)
         if path is None or shard is None or partition not in self.offsets:
             return False
-        if owed := sum(len(rows) for rows in self.owed.get(partition, [])):
+        if owed := self.owed_rows(partition):
             log.warning(
                 "shard %d: no snapshot while %d rows it stored are not in the changelog (a write failed; "
                 "they go with its next rows)",
@@ -598,8 +601,9 @@ class ShardStore(base.Store):
         self.assigned = keep
         self.active = {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == topic}
         self._rebalance = getattr(self.app, "rebalancing_count", None)
-        for partition in [p for p in self.shards if p not in keep]:
-            await self._settle_writes(partition)
+        leaving = [p for p in self.shards if p not in keep]
+        await self._settle_writes(leaving)
+        for partition in leaving:
             self.snapshot(partition)  # it may come back: a later recovery replays only the tail
             self.shards.pop(partition).close()
             self.offsets.pop(partition, None)
@@ -745,8 +749,8 @@ class ShardStore(base.Store):
             self.on_recovered()
 
     async def on_stop(self) -> None:
+        await self._settle_writes(list(self.shards))
         for partition in list(self.shards):
-            await self._settle_writes(partition)
             self.snapshot(partition)
         self.finish_snapshots()  # (those of partitions given away meanwhile: written, then the writer ends)
         if self._writer is not None:
