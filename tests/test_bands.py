@@ -332,3 +332,49 @@ def test_changelog_rows_of_another_plan_are_refused_before_any_is_stored():
     with pytest.raises(PlanError, match="another plan"):
         Shard(BandPlan(other, 1)).restore(band_rows)
     assert len(simhash) == 0
+
+
+def test_a_band_step_that_fails_after_the_table_took_its_rows_reports_them_stored(tmp_path, monkeypatch):
+    """Out of memory in the verifier, after the band table took the batch's rows: the rows stay
+    stored (a retry finds them) with their ids and urls, and the step reports them stored (so the
+    worker owes them to the changelog); before, the strings were cut back under the table's rows
+    and the rows were never written to the changelog."""
+    from streamdedup.pipeline.shard import Answers
+
+    scheme = SCHEMES["minhash"]
+    plan = BandPlan(scheme, 1)
+    sigs, fps = twins(np.random.default_rng(3), scheme, 1)
+    extra = scheme.extra(sigs)
+    page, band = np.nonzero(plan.probes(fps, extra)[[0]] == 0)
+    n = len(page)
+    args = (band, fps[page], np.zeros(n, np.int64), np.full(n, hash_id("a"), np.uint64), ["a"] * n, ["u/a"] * n)
+    shard = Shard(plan, str(tmp_path / "s"))
+    verify = BandScheme.matches
+    failures = [MemoryError("verifier")]
+
+    def out_of_memory(self, *a, **k):
+        if failures:
+            raise failures.pop()
+        return verify(self, *a, **k)
+
+    monkeypatch.setattr(BandScheme, "matches", out_of_memory)
+    failed = Answers.empty(n)
+    with pytest.raises(MemoryError):  # in the first band's group, after its table took the row
+        shard.probe_and_insert(*args, extra=extra[page], out=failed)
+    assert failed.stored.tolist() == [True] + [False] * (n - 1) and len(shard) == 1
+    retry = shard.probe_and_insert(*args, extra=extra[page])
+    assert retry.stored.tolist() == [False] + [True] * (n - 1)  # the first found stored
+    for group in shard._groups.values():
+        assert len(group.texts) == 2 * len(group.table)  # an id and a url for every row
+    copy = shard.probe_and_insert(
+        band,
+        fps[page],
+        np.zeros(n, np.int64),
+        np.full(n, hash_id("b"), np.uint64),
+        ["b"] * n,
+        ["u/b"] * n,
+        extra=extra[page],
+    )
+    matched = copy.distance >= 0  # (the pair's canonical band answers)
+    assert matched.any() and {copy.ids[i] for i in np.flatnonzero(matched)} == {"a"}
+    assert {copy.urls[i] for i in np.flatnonzero(matched)} == {"u/a"}

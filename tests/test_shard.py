@@ -446,6 +446,45 @@ def test_a_step_that_fails_midway_hands_back_the_rows_it_stored(tmp_path, monkey
     assert _answers(later[0]) == _answers(later[1]) == _answers(later[2])
 
 
+def test_a_step_whose_index_fails_after_taking_the_rows_hands_them_back(tmp_path, monkeypatch):
+    """Out of memory in the index's sort after it numbered a batch's rows (group 2): the rows
+    are stored (a retry finds them), so the step hands them back too, and a replay of every
+    changelog row answers like the live shard."""
+    plan = ShardPlan(TableDesign.named(WORKER_DESIGN), 1)
+    fps, fetched, id_hash, ids = pages(19, 450)
+    batches = [slice(0, 150), slice(150, 300), slice(300, 450)]
+    live = Shard(plan, str(tmp_path / "s"))
+    msgs = [_probes_message(plan, fps[b], fetched[b], id_hash[b], ids[b]) for b in batches]
+    log = shard_step(lambda s: live, [(0, msgs[0])], now=0).changelog
+    index = live._groups[2].index
+    sort_later = index._sort_later
+
+    def out_of_memory():
+        if index._later:  # (the rows just numbered: add_many's call, not the search's before it)
+            raise MemoryError
+        sort_later()
+
+    monkeypatch.setattr(index, "_sort_later", out_of_memory)
+    failed = ShardStep()
+    with pytest.raises(MemoryError):
+        shard_step(lambda s: live, [(0, msgs[1])], now=0, out=failed)
+    monkeypatch.undo()
+    new_pages = len({(int(h), int(f)) for h, f in zip(id_hash[:300], fps[:300])}) - len(
+        {(int(h), int(f)) for h, f in zip(id_hash[:150], fps[:150])}
+    )
+    [(_, handed_back)] = failed.changelog
+    assert sorted(set(handed_back.group.tolist())) == [0, 1, 2] and len(handed_back) == 3 * new_pages
+    retry = shard_step(lambda s: live, [(0, msgs[1])], now=0)
+    [(_, rest)] = retry.changelog
+    assert sorted(set(rest.group.tolist())) == [3] and len(rest) == new_pages
+    replayed = Shard(plan)
+    for _, rows in log + failed.changelog + retry.changelog:
+        replayed.restore(decode([encode(rows, CHANGELOG)], CHANGELOG))
+    assert len(replayed) == len(live)
+    later = [shard_step(lambda s, x=x: x, [(0, msgs[2])], now=0) for x in (live, replayed)]
+    assert _answers(later[0]) == _answers(later[1])
+
+
 def _changelog_rows(seed: int, n: int, plan: ShardPlan) -> Batch:
     """n pages as a shard's changelog holds them: a row per page and group, groups interleaved."""
     fps, fetched, id_hash, ids = pages(seed, n)

@@ -376,12 +376,12 @@ class BandTable:
             self.sketch.extend(np.asarray(sketch, dtype=np.uint8).reshape(len(keys), self.scheme.sketch_bytes))
             if self.times is not None:
                 self.times.extend(np.zeros(len(keys), np.int64) if fetched is None else np.asarray(fetched, np.int64))
+            self._tail.extend(tags(keys))  # (last: it changes nothing if it fails)
         except BaseException:
             for col in self._columns().values():
                 col.truncate(start)
             raise
-        self._tail.extend(tags(keys))
-        if len(self._tail) > _TAIL_MAX:
+        if len(self._tail) > _TAIL_MAX:  # (the rows are stored: a fold that fails leaves them in the tail)
             self._fold()
 
     def prepare(self) -> None:
@@ -421,6 +421,7 @@ class BandTable:
         earlier: np.ndarray,
         insert: bool = True,
         before_insert: Callable[[np.ndarray], object] | None = None,
+        after_insert: Callable[[np.ndarray], object] | None = None,
         fetched: np.ndarray | None = None,
         cutoff: int | None = None,
         renew: int = 0,
@@ -431,7 +432,8 @@ class BandTable:
         bands before.  A probe stands after every stored row, unless its (id hash, simhash,
         key) is stored already (a replay or an unchanged re-fetch): then at its first store.
         ``insert=False`` only answers (a check).  ``before_insert(positions)`` is called with the
-        batch positions of the new pages before they are stored.  Linear in the batch.
+        batch positions of the new pages before they are stored, ``after_insert(positions)`` once
+        they are (also if a later step raises).  Linear in the batch.
 
         A :meth:`timed` table under a retention: ``fetched``, the probes' fetch times; rows fetched
         before ``cutoff`` count as gone; a page stored again (same id, simhash and key) is stored
@@ -475,14 +477,18 @@ class BandTable:
                 stands = np.flatnonzero(fresh)
                 ranked = rank_of[first[inverse[stands]]]  # (-1: not stored; it stands after every stored page)
                 pos[stands[ranked >= 0]] = start + ranked[ranked >= 0]
-                self.add(
-                    keys[new_idx],
-                    fps[new_idx],
-                    id_hash[new_idx],
-                    np.asarray(sketch)[new_idx],
-                    earlier[new_idx],
-                    None if fetched is None else np.asarray(fetched)[new_idx],
-                )
+                try:
+                    self.add(
+                        keys[new_idx],
+                        fps[new_idx],
+                        id_hash[new_idx],
+                        np.asarray(sketch)[new_idx],
+                        earlier[new_idx],
+                        None if fetched is None else np.asarray(fetched)[new_idx],
+                    )
+                finally:  # (a fold after the rows are in, e.g. out of memory: stored all the same)
+                    if after_insert is not None and len(self) > start:
+                        after_insert(new_idx)
                 # and the batch against its own new pages (rows start.., in order): no second
                 # lookup of the stored ones
                 q2, i2 = _equal_pairs(tags(keys[new_idx]), tags(keys))

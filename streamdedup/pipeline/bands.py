@@ -158,6 +158,9 @@ class BandStore:
         def store_strings(new: np.ndarray) -> None:  # first: the write that can fail (a full disk)
             self.texts.extend([x for i in new.tolist() for x in ("" if ids[i] == urls[i] else ids[i], urls[i])])
 
+        def mark_stored(new: np.ndarray) -> None:  # (in the table: a failure after it leaves them there)
+            out.stored[sel[new]] = True
+
         texts = len(self.texts)
         try:
             found = self.table.judge(
@@ -168,14 +171,15 @@ class BandStore:
                 earlier,
                 insert,
                 before_insert=store_strings,
+                after_insert=mark_stored,
                 fetched=fetched if self.table.times is not None else None,
                 cutoff=cutoff,
                 renew=self._renew,
             )
-        except BaseException:  # the table's columns are cut back by its add; the strings here
-            self.texts.truncate(texts)
+        except BaseException:  # the table's columns are cut back by a failed add; the strings here
+            if not out.stored[sel].any():
+                self.texts.truncate(texts)
             raise
-        out.stored[sel[found.new]] = True
         hit = np.flatnonzero(found.rank >= 0)
         p, r = sel[hit], found.row[hit]
         out.distance[p], out.fingerprint[p] = found.rank[hit], self.table.fps.take(r)

@@ -717,8 +717,12 @@ class _GroupStore:
                 # An id equal to its url (the default) is stored as "" (ids are never empty)
                 texts = [x for i in new_idx.tolist() for x in ("" if ids[i] == urls[i] else ids[i], urls[i])]
                 self._append(fetched[new_idx], id_hash[new_idx], lambda: self.texts.extend(texts))
-                self.index.add_many(range(start, start + len(new_idx)), fps[new_idx])
-                out.stored[sel[new]] = True
+                numbered = self.index.rows
+                try:
+                    self.index.add_many(range(start, start + len(new_idx)), fps[new_idx])
+                finally:  # (a merge after the rows are in, e.g. out of memory: stored all the same)
+                    if self.index.rows > numbered:
+                        out.stored[sel[new]] = True
         row_fp, row_hash = rfp, self.id_hash.take(row)
         # the rule: stored before the probe's position, another id, and this is the pair's canonical group
         keep = (row < pos[q]) & (row_hash != id_hash[q])
