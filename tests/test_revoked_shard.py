@@ -551,3 +551,98 @@ def test_a_shard_that_moves_away_waits_for_its_changelog_writes_before_its_snaps
     finally:
         w.close()
     assert not w.store.owed  # (a shard that left owes nothing: the page's retry goes to its owner)
+
+
+@pytest.mark.parametrize("between", ["moved away", "a standby here"])
+def test_a_write_that_lands_after_the_shard_came_back_covers_nothing(tmp_path, cluster, monkeypatch, between):
+    """A write of page ``first`` is under way when the shard partition moves (away, or to a
+    standby here); its new owner stores ``theirs``; the partition comes back before the write
+    lands.  The write's offset, above the new owner's record, must not count as covered by the
+    shard here (it holds neither record yet): recovery would start after it and skip ``theirs``,
+    and a copy of it would be judged unique."""
+    from streamdedup.stream import store as store_module
+
+    monkeypatch.setattr(store_module, "WRITES_TIMEOUT", 0.01)
+    w = stubbed_worker(tmp_path / "w", cluster, monkeypatch)
+    plan, other = w.plan, 1 - SHARD
+    before, first, theirs = page(3, SHARD, plan), page(1, SHARD, plan), page(5, SHARD, plan)
+    copy = page(6, SHARD, plan, near=theirs[0])
+    gate: list[asyncio.Future] = []
+
+    def send_changelog(partition: int, key: bytes, value: bytes, **kwargs):
+        return gate[0] if gate and partition == SHARD else cluster.send_changelog(partition, key, value, **kwargs)
+
+    monkeypatch.setattr(w.table, "send_changelog", send_changelog)
+    topic = w.store._changelog()
+    tps = {TP(topic, SHARD), TP(topic, other)}
+
+    async def scenario() -> None:
+        await assign(w, cluster, monkeypatch, active={SHARD, other})
+        await w.on_probes(probes(SHARD, 0, *before, request=10))
+        assert w.store.snapshot(SHARD)  # at offset 0
+        gate.append(asyncio.get_running_loop().create_future())
+        step = asyncio.ensure_future(w.on_probes(probes(SHARD, 1, *first, request=11)))
+        await asyncio.sleep(0.01)  # the step stored the page and waits for its write
+        if between == "moved away":
+            await assign(w, cluster, monkeypatch, active={other})
+        else:
+            await assign(w, cluster, monkeypatch, active={other}, standby={SHARD})
+        cluster.append(SHARD, encode(rows(*theirs), CHANGELOG))  # offset 1: the new owner's page
+        w.app.on_rebalance_start()  # back here, active; the write lands before faust's recovery
+        monkeypatch.setattr(w.app.assignor, "assigned_actives", lambda: tps)
+        await w.store.on_rebalance(tps, set(), {TP(topic, SHARD)} if between == "moved away" else set())
+        landed = SimpleNamespace(offset=cluster.append(SHARD, encode(rows(*first), CHANGELOG)))  # offset 2
+        gate[0].set_result(landed)
+        gate.clear()
+        await step
+        assert w.store.offsets[SHARD] == 0
+        for tp in sorted(tps):
+            await recover(w.store, cluster, tp)
+        await w.on_probes(probes(SHARD, 3, *copy, request=31))
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        w.close()
+    assert answer_to(cluster, 31) == (1, theirs[1])
+
+
+def test_a_step_answers_only_once_the_shards_earlier_writes_landed(tmp_path, cluster, monkeypatch):
+    """The local path stores a page X while the write of an earlier step's page P (near X) is
+    still under way: X is not answered before P's write lands (its answer names P).  If P's
+    write fails, X's step fails too, and its retry writes P (owed) before it answers."""
+    w = stubbed_worker(tmp_path / "w", cluster, monkeypatch)
+    p_page = page(1, SHARD, w.plan)
+    x_page = page(4, SHARD, w.plan, near=p_page[0])
+    gate: list[asyncio.Future] = []
+
+    def send_changelog(partition: int, key: bytes, value: bytes, **kwargs):
+        return gate.pop() if gate else cluster.send_changelog(partition, key, value, **kwargs)
+
+    monkeypatch.setattr(w.table, "send_changelog", send_changelog)
+    x_probes = [(SHARD, encode(rows(*x_page, request=12), PROBES))]
+
+    async def scenario() -> None:
+        await assign(w, cluster, monkeypatch, active={SHARD})
+        p_write = asyncio.get_running_loop().create_future()
+        gate.append(p_write)
+        agent = asyncio.ensure_future(w.on_probes(probes(SHARD, 0, *p_page, request=11)))
+        await asyncio.sleep(0.01)  # P stored, its write under way
+        step, writes = w._store_probes(x_probes)  # the local path (Worker._probe_here)
+        durable = asyncio.ensure_future(w._durable(writes))
+        await asyncio.sleep(0.05)
+        assert not durable.done()  # X's own write landed; P's has not
+        p_write.set_exception(RuntimeError("the broker is away"))
+        for failed in (durable, agent):
+            with pytest.raises(RuntimeError, match="the broker is away"):
+                await failed
+        step, writes = w._store_probes(x_probes)  # X's retry
+        await w._durable(writes)
+        assert [int(d) for d in step.answers[INPUT].rows["distance"]] == [1]
+        assert step.answers[INPUT].ids() == [p_page[1]]
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        w.close()
+    assert [decode([v], CHANGELOG).ids() for v in cluster.changelog[SHARD]] == [[x_page[1]], [p_page[1]]]

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
-from test_revoked_shard import INPUT, assign, cluster, page, rows, worker  # noqa: F401  (fixtures)
+import pytest
+from test_revoked_shard import INPUT, assign, cluster, page, probes, rows, worker  # noqa: F401  (fixtures)
 
 from streamdedup.pipeline.wire import CHANGELOG, encode
 from streamdedup.stream.app import STANDBY_AFTER
@@ -151,3 +152,33 @@ def test_a_live_owner_that_keeps_answering_is_not_second_guessed(worker, cluster
     assert worker.answer_from_standbys(now=t + STANDBY_AFTER / 2) == 0  # not silent long enough yet
     assert worker.answer_from_standbys(now=t + STANDBY_AFTER) == 1  # silent since: the standby answers
     assert not worker.pending.waiting(r_copy).missing & 1
+
+
+def test_a_standby_holding_a_row_its_changelog_lacks_does_not_answer(worker, cluster, monkeypatch):  # noqa: F811
+    """A page stored here whose changelog write failed (owed) stays in the shard when it becomes a
+    standby here.  Its new owner does not have that page, so the standby must not release a
+    copy of it as a near-duplicate while the page is owed."""
+    plan = worker.plan
+    first = page(1, STANDBY, plan)
+    copy = page(4, STANDBY, plan, near=first[0])
+    broken = [RuntimeError("the broker is away")]
+
+    def send_changelog(partition: int, key: bytes, value: bytes, **kwargs):
+        if broken:
+            raise broken.pop()
+        return cluster.send_changelog(partition, key, value, **kwargs)
+
+    monkeypatch.setattr(worker.table, "send_changelog", send_changelog)
+    monkeypatch.setattr(worker.outbox, "schedule", lambda p: None)
+
+    async def failed_then_standby() -> None:
+        await assign(worker, cluster, monkeypatch, active={ACTIVE, STANDBY})
+        with pytest.raises(RuntimeError, match="the broker is away"):
+            await worker.on_probes(probes(STANDBY, 0, *first, request=11))
+        await assign(worker, cluster, monkeypatch, active={ACTIVE}, standby={STANDBY})
+
+    asyncio.run(failed_then_standby())
+    assert worker.store.owed_rows() == 1
+    r = stalled(worker, 20, *copy, STANDBY, 0.0)
+    assert worker.answer_from_standbys(now=STANDBY_AFTER) == 0
+    assert worker.pending.waiting(r) is not None  # still waiting for its owner's answer

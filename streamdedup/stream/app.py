@@ -1142,7 +1142,9 @@ class Worker:
             raise
         for s, n in step.skipped:
             log.error("shard %d: skipping %d messages that are not probes", s, n)
-        writes = []
+        # the shards' writes still under way from steps before (the local path runs beside the
+        # shard agent): awaited too, so no answer names a row whose write may yet fail
+        writes = [_Write(s, sent) for s, sent in self.store.under_way(step.shards)]
         owed = [(s, rows) for s in sorted(step.shards) for rows in self.store.take_owed(s)]
         for s, stored in owed + step.changelog:
             for chunk in _chunks(stored):
@@ -1153,7 +1155,7 @@ class Worker:
                 writes.append(_Write(s, self.store.sending(s, sent, chunk), rows=chunk))  # (owed if it fails)
         for s in sorted(step.shards):  # --retention: changelog records whose pages have all expired
             for key in self.store.shard(s).take_tombstones():
-                writes.append(_Write(s, self._send_changelog(s, key, None), key=key))
+                writes.append(_Write(s, self.store.sending(s, self._send_changelog(s, key, None), None), key=key))
         return step, writes
 
     def _send_changelog(self, partition: int, key: bytes, value: bytes | None) -> Any:
@@ -1170,15 +1172,14 @@ class Worker:
             return failed
 
     async def _durable(self, writes: list[_Write]) -> None:
-        """Await every changelog write of a step: the shard's inserts are durable before anyone
-        hears of them.  A write that failed is owed again (its rows, by the store; or its
-        tombstone), and the first failure is raised once all are awaited."""
+        """Await every changelog write of a step (and those under way before it): the shard's
+        inserts are durable before anyone hears of them.  A write that failed is owed again (its
+        rows, by the store; or its tombstone), and the first failure is raised once all are
+        awaited.  (The store records each write's offset as it lands.)"""
         error: Exception | None = None
         for w in writes:
             try:
-                offset = (await w.sent).offset
-                if w.key is not None:  # (a write of rows: recorded by the store as it lands)
-                    self.store.covered(w.partition, offset)
+                await w.sent
             except Exception as e:
                 error = error or e
                 if w.key is not None and self.store.serves(w.partition):
@@ -1293,7 +1294,7 @@ class Worker:
         that has waited ``STANDBY_AFTER`` seconds on a partition silent for as long is checked
         against it (not stored), and a match
         is that group's answer.  A match is safe to use: the standby holds only pages in the
-        changelog, which the partition's next owner will also have before this page, so the rule
+        changelog (a standby that owes rows, or has writes under way, does not answer), which the partition's next owner will also have before this page, so the rule
         (docs/stream-design.md) flags the page either way.  "No match" is not used: two copies
         checked during the stall would both find nothing, and the owner must store one before
         the other to flag the second.  A page with a match that waits only for stalled groups
@@ -1301,7 +1302,8 @@ class Worker:
         which stores it in its place).  Returns the matches taken."""
         now = time.monotonic() if now is None else now
         store = self.store
-        standby = {p for p in store.shards if p in store.assigned and p not in store.active}
+        # (a standby whose shard holds a row the changelog may lack does not answer for its owner)
+        standby = {p for p in store.shards if p in store.assigned and p not in store.active and store.settled(p)}
         keep: list[tuple[float, int, Batch, np.ndarray]] = []
         for sent_at, shard_partition, batch in self._sent:
             waiting = self._still_waiting(batch)
@@ -1397,7 +1399,8 @@ class Worker:
 class _Write:
     """A changelog record handed to the producer (Worker._store_probes): its shard partition, the
     producer's future, and what it carried: its rows (owed by the store if the write fails), or
-    the key of a tombstone (owed again by the worker)."""
+    the key of a tombstone (owed again by the worker), or neither (a write of a step before,
+    awaited with this one's)."""
 
     partition: int
     sent: Any

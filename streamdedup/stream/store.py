@@ -289,18 +289,35 @@ class ShardStore(base.Store):
             self.offsets[partition] = max(offset, self.offsets.get(partition, -1))
 
     # -------------------------------------------------------------- rows owed to the changelog
-    def sending(self, partition: int, sent: Any, rows: Batch) -> asyncio.Future:
-        """A changelog write of ``rows`` that the shard of ``partition`` stored (``sent``: the
-        producer's future, or a coroutine).  Returns it as a future; its outcome is recorded here
-        when it lands: the offset covered, or the rows owed (while that shard is the one here)."""
+    def sending(self, partition: int, sent: Any, rows: Batch | None) -> asyncio.Future:
+        """A changelog write of ``rows`` that the shard of ``partition`` stored, or of a tombstone
+        (``rows`` None; ``sent``: the producer's future, or a coroutine).  Returns it as a future;
+        its outcome is recorded here when it lands: the offset covered (if the shard and the
+        assignment are still the ones it was sent in: a write that lands later covers nothing,
+        since other owners' records may lie below it), or the rows owed (while that shard is the
+        one here)."""
         future = asyncio.ensure_future(sent)
-        shard = self.shards.get(partition)
-        self._in_flight.setdefault(partition, set()).add(future)
+        # what the caller awaits: done once the outcome is recorded here (awaiting ``future``
+        # itself, a step could go on, and its retry look, before this store heard of it)
+        recorded = asyncio.get_running_loop().create_future()
+        recorded.add_done_callback(lambda f: f.cancelled() or f.exception())  # (no "never retrieved")
+        sender = (self.shards.get(partition), self._rebalance)
+        self._in_flight.setdefault(partition, set()).add(recorded)
         if future.done():  # (refused at once: owed now, before the step's retry can look)
-            self._landed(partition, shard, rows, future)
-        else:  # (called before the callbacks of anyone awaiting it, who thus finds its outcome recorded)
-            future.add_done_callback(lambda f: self._landed(partition, shard, rows, f))
-        return future
+            self._landed(partition, sender, rows, future, recorded)
+        else:
+            future.add_done_callback(lambda f: self._landed(partition, sender, rows, f, recorded))
+        return recorded
+
+    def settled(self, partition: int) -> bool:
+        """Whether the shard of ``partition`` holds only rows its changelog acknowledged: none
+        owed, no write under way (a standby that may answer for a silent owner)."""
+        return not self.owed.get(partition) and not self._in_flight.get(partition)
+
+    def under_way(self, partitions: set[int]) -> list[tuple[int, asyncio.Future]]:
+        """The changelog writes under way of those partitions' shards (a step answers only once
+        they landed, so no answer names a row whose write may fail)."""
+        return [(p, f) for p in sorted(partitions) for f in self._in_flight.get(p, ())]
 
     def owe(self, partition: int, rows: Batch) -> None:
         """Rows the shard of ``partition`` stored and no changelog write was sent for (the step
@@ -317,24 +334,40 @@ class ShardStore(base.Store):
         owed = self.owed.values() if partition is None else [self.owed.get(partition, [])]
         return sum(len(rows) for batches in owed for rows in batches)
 
-    def _landed(self, partition: int, shard: Shard | None, rows: Batch, future: asyncio.Future) -> None:
+    def _landed(
+        self,
+        partition: int,
+        sender: tuple[Shard | None, int | None],
+        rows: Batch | None,
+        future: asyncio.Future,
+        recorded: asyncio.Future,
+    ) -> None:
         flying = self._in_flight.get(partition, set())
-        flying.discard(future)
+        flying.discard(recorded)
         if not flying:
             self._in_flight.pop(partition, None)
         ok = not future.cancelled() and future.exception() is None
+        shard, rebalance = sender
+        same = shard is not None and self.shards.get(partition) is shard
         if ok:
-            self.covered(partition, future.result().offset)
-        elif shard is not None and self.shards.get(partition) is shard:
+            if same and rebalance == self._rebalance:
+                self.covered(partition, future.result().offset)
+        elif same and rows is not None:
             self.owed.setdefault(partition, []).append(rows)
-        if (held := self._held.get(partition)) is not None and future in held[1]:
-            held[1].discard(future)
+        if (held := self._held.get(partition)) is not None and recorded in held[1]:
+            held[1].discard(recorded)
             if not ok:  # it holds rows the changelog lacks
                 del self._held[partition]
                 log.info("shard %d: snapshot dropped: a changelog write of rows it holds failed", partition)
             elif not held[1]:
                 del self._held[partition]
                 self._submit(partition, *held[0])
+        if future.cancelled():
+            recorded.cancel()
+        elif (error := future.exception()) is not None:
+            recorded.set_exception(error)
+        else:
+            recorded.set_result(future.result())
 
     async def _settle_writes(self, partitions: list[int]) -> None:
         """Before the snapshots of shards that leave: their changelog writes under way, landed (at
