@@ -102,6 +102,34 @@ def stubbed_worker(tmp_path, cluster: Cluster, monkeypatch, **settings) -> Worke
     return w
 
 
+def gated_writes(w: Worker, cluster: Cluster, monkeypatch, partition: int | None = None) -> list[asyncio.Future]:
+    """Changelog writes of ``w`` (to ``partition``, or to any) that wait on the future put in the
+    returned list while it holds one: it stands for the broker's answer to them."""
+    gate: list[asyncio.Future] = []
+
+    def send_changelog(p: int, key: bytes, value: bytes, **kwargs):
+        if gate and partition in (None, p):
+            return gate[0]
+        return cluster.send_changelog(p, key, value, **kwargs)
+
+    monkeypatch.setattr(w.table, "send_changelog", send_changelog)
+    return gate
+
+
+def refused_writes(w: Worker, cluster: Cluster, monkeypatch, partition: int | None = None) -> list[Exception]:
+    """Changelog writes of ``w`` (to ``partition``, or to any) that the producer refuses at once,
+    one for each error put in the returned list."""
+    errors: list[Exception] = []
+
+    def send_changelog(p: int, key: bytes, value: bytes, **kwargs):
+        if errors and partition in (None, p):
+            raise errors.pop()
+        return cluster.send_changelog(p, key, value, **kwargs)
+
+    monkeypatch.setattr(w.table, "send_changelog", send_changelog)
+    return errors
+
+
 @pytest.fixture
 def worker(tmp_path, cluster, monkeypatch):
     w = stubbed_worker(tmp_path, cluster, monkeypatch)
@@ -392,14 +420,7 @@ def test_a_page_owed_to_the_changelog_reaches_it_after_the_shard_moves_or_the_wo
     plan, other = w.plan, 1 - SHARD
     before, first, elsewhere = page(3, SHARD, plan), page(1, SHARD, plan), page(2, other, plan)
     copy = page(4, SHARD, plan, near=first[0])
-    broken: list[Exception] = []
-
-    def send_changelog(partition: int, key: bytes, value: bytes, **kwargs):
-        if broken and partition == SHARD:
-            raise broken.pop()
-        return cluster.send_changelog(partition, key, value, **kwargs)
-
-    monkeypatch.setattr(w.table, "send_changelog", send_changelog)
+    broken = refused_writes(w, cluster, monkeypatch, SHARD)
 
     async def failed_step() -> None:
         await assign(w, cluster, monkeypatch, active={SHARD, other})
@@ -455,12 +476,7 @@ def test_a_snapshot_taken_while_a_changelog_write_is_under_way_waits_for_it(tmp_
     w = stubbed_worker(tmp_path / "w", cluster, monkeypatch)
     before, first = page(3, SHARD, w.plan), page(1, SHARD, w.plan)
     copy = page(4, SHARD, w.plan, near=first[0])
-    gate: list[asyncio.Future] = []
-
-    def send_changelog(partition: int, key: bytes, value: bytes, **kwargs):
-        return gate[0] if gate else cluster.send_changelog(partition, key, value, **kwargs)
-
-    monkeypatch.setattr(w.table, "send_changelog", send_changelog)
+    gate = gated_writes(w, cluster, monkeypatch)
     path = w.store._snapshot_path(SHARD)
 
     async def scenario() -> None:
@@ -519,12 +535,7 @@ def test_a_shard_that_moves_away_waits_for_its_changelog_writes_before_its_snaps
     w = stubbed_worker(tmp_path / "w", cluster, monkeypatch)
     other = 1 - SHARD
     before, first = page(3, SHARD, w.plan), page(1, SHARD, w.plan)
-    gate: list[asyncio.Future] = []
-
-    def send_changelog(partition: int, key: bytes, value: bytes, **kwargs):
-        return gate[0] if gate else cluster.send_changelog(partition, key, value, **kwargs)
-
-    monkeypatch.setattr(w.table, "send_changelog", send_changelog)
+    gate = gated_writes(w, cluster, monkeypatch)
     path = w.store._snapshot_path(SHARD)
 
     async def scenario() -> None:
@@ -567,12 +578,7 @@ def test_a_write_that_lands_after_the_shard_came_back_covers_nothing(tmp_path, c
     plan, other = w.plan, 1 - SHARD
     before, first, theirs = page(3, SHARD, plan), page(1, SHARD, plan), page(5, SHARD, plan)
     copy = page(6, SHARD, plan, near=theirs[0])
-    gate: list[asyncio.Future] = []
-
-    def send_changelog(partition: int, key: bytes, value: bytes, **kwargs):
-        return gate[0] if gate and partition == SHARD else cluster.send_changelog(partition, key, value, **kwargs)
-
-    monkeypatch.setattr(w.table, "send_changelog", send_changelog)
+    gate = gated_writes(w, cluster, monkeypatch, SHARD)
     topic = w.store._changelog()
     tps = {TP(topic, SHARD), TP(topic, other)}
 

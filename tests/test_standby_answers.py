@@ -12,7 +12,7 @@ import asyncio
 
 import numpy as np
 import pytest
-from test_revoked_shard import INPUT, assign, cluster, page, probes, rows, worker  # noqa: F401  (fixtures)
+from test_revoked_shard import INPUT, assign, cluster, page, probes, refused_writes, rows, worker  # noqa: F401  (fixtures)
 
 from streamdedup.pipeline.wire import CHANGELOG, encode
 from streamdedup.stream.app import STANDBY_AFTER
@@ -161,14 +161,7 @@ def test_a_standby_holding_a_row_its_changelog_lacks_does_not_answer(worker, clu
     plan = worker.plan
     first = page(1, STANDBY, plan)
     copy = page(4, STANDBY, plan, near=first[0])
-    broken = [RuntimeError("the broker is away")]
-
-    def send_changelog(partition: int, key: bytes, value: bytes, **kwargs):
-        if broken:
-            raise broken.pop()
-        return cluster.send_changelog(partition, key, value, **kwargs)
-
-    monkeypatch.setattr(worker.table, "send_changelog", send_changelog)
+    refused_writes(worker, cluster, monkeypatch).append(RuntimeError("the broker is away"))
     monkeypatch.setattr(worker.outbox, "schedule", lambda p: None)
 
     async def failed_then_standby() -> None:
