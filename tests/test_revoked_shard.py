@@ -652,3 +652,31 @@ def test_a_step_answers_only_once_the_shards_earlier_writes_landed(tmp_path, clu
     finally:
         w.close()
     assert [decode([v], CHANGELOG).ids() for v in cluster.changelog[SHARD]] == [[x_page[1]], [p_page[1]]]
+
+
+def test_rows_a_step_could_not_hand_to_the_producer_stay_owed(worker, cluster, monkeypatch):
+    """The encoding of a step's changelog record fails (a bug, out of memory) after the page was
+    stored: the step raises before any answer, the page stays owed, and the retry writes it."""
+    from streamdedup.stream import app as app_module
+
+    first = page(1, SHARD, worker.plan)
+    encode_record = app_module.encode
+    failures = [MemoryError()]
+
+    def failing_encode(batch, kind):
+        if kind == CHANGELOG and failures:
+            raise failures.pop()
+        return encode_record(batch, kind)
+
+    monkeypatch.setattr(app_module, "encode", failing_encode)
+
+    async def scenario() -> None:
+        await assign(worker, cluster, monkeypatch, active={SHARD})
+        with pytest.raises(MemoryError):
+            await worker.on_probes(probes(SHARD, 0, *first, request=11))
+        assert worker.store.owed_rows() == 1 and not cluster.answers
+        await worker.on_probes(probes(SHARD, 0, *first, request=11))  # the stage's retry
+
+    asyncio.run(scenario())
+    assert [decode([v], CHANGELOG).ids() for v in cluster.changelog[SHARD]] == [[first[1]]]
+    assert answer_to(cluster, 11) == (-1, "")

@@ -1146,13 +1146,19 @@ class Worker:
         # shard agent): awaited too, so no answer names a row whose write may yet fail
         writes = [_Write(s, sent) for s, sent in self.store.under_way(step.shards)]
         owed = [(s, rows) for s in sorted(step.shards) for rows in self.store.take_owed(s)]
-        for s, stored in owed + step.changelog:
-            for chunk in _chunks(stored):
-                self._seq += 1
-                key = struct.pack("<I", s) + self._writer + struct.pack("<Q", self._seq)
-                self.store.shard(s).track(key, int(chunk.fetched.max()))  # (--retention: deleted once all expired)
-                sent = self._send_changelog(s, key, encode(chunk, CHANGELOG))
-                writes.append(_Write(s, self.store.sending(s, sent, chunk), rows=chunk))  # (owed if it fails)
+        records = owed + step.changelog
+        for i, (s, stored) in enumerate(records):
+            try:
+                for chunk in _chunks(stored):
+                    self._seq += 1
+                    key = struct.pack("<I", s) + self._writer + struct.pack("<Q", self._seq)
+                    self.store.shard(s).track(key, int(chunk.fetched.max()))  # (--retention: deleted once all expired)
+                    sent = self._send_changelog(s, key, encode(chunk, CHANGELOG))
+                    writes.append(_Write(s, self.store.sending(s, sent, chunk), rows=chunk))  # (owed if it fails)
+            except Exception:  # (a bug, out of memory) the rows not handed to the producer stay owed
+                for rest in records[i:]:  # (this one's chunks sent already are written twice: harmless)
+                    self.store.owe(*rest)
+                raise
         for s in sorted(step.shards):  # --retention: changelog records whose pages have all expired
             for key in self.store.shard(s).take_tombstones():
                 writes.append(_Write(s, self.store.sending(s, self._send_changelog(s, key, None), None), key=key))
