@@ -785,6 +785,7 @@ class ShardStore(base.Store):
         await self._settle_writes(list(self.shards))
         for partition in list(self.shards):
             self.snapshot(partition)
+        self._held.clear()  # (waiting for writes still under way: not written after the stop)
         self.finish_snapshots()  # (those of partitions given away meanwhile: written, then the writer ends)
         if self._writer is not None:
             self._writer.shutdown()
