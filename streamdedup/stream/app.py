@@ -1121,7 +1121,7 @@ class Worker:
         await asyncio.gather(*sent)
         self._after_step(step)
 
-    def _store_probes(self, messages: list[tuple[int, bytes]]) -> tuple[ShardStep, list[_Write]]:
+    def _store_probes(self, messages: list[tuple[int, bytes]]) -> tuple[ShardStep, list[asyncio.Future]]:
         """The shard stage up to the changelog, with no await: probe and store ``messages``
         ((shard partition, value)) and hand their changelog records to the producer, so the
         changelog holds each shard's rows in the order it stored them.  Returns the step and the
@@ -1144,7 +1144,7 @@ class Worker:
             log.error("shard %d: skipping %d messages that are not probes", s, n)
         # the shards' writes still under way from steps before (the local path runs beside the
         # shard agent): awaited too, so no answer names a row whose write may yet fail
-        writes = [_Write(s, sent) for s, sent in self.store.under_way(step.shards)]
+        writes = self.store.under_way(step.shards)
         owed = [(s, rows) for s in sorted(step.shards) for rows in self.store.take_owed(s)]
         records = owed + step.changelog
         for i, (s, stored) in enumerate(records):
@@ -1154,14 +1154,14 @@ class Worker:
                     key = struct.pack("<I", s) + self._writer + struct.pack("<Q", self._seq)
                     self.store.shard(s).track(key, int(chunk.fetched.max()))  # (--retention: deleted once all expired)
                     sent = self._send_changelog(s, key, encode(chunk, CHANGELOG))
-                    writes.append(_Write(s, self.store.sending(s, sent, chunk), rows=chunk))  # (owed if it fails)
+                    writes.append(self.store.sending(s, sent, rows=chunk))  # (owed if it fails)
             except Exception:  # (a bug, out of memory) the rows not handed to the producer stay owed
                 for rest in records[i:]:  # (this one's chunks sent already are written twice: harmless)
                     self.store.owe(*rest)
                 raise
         for s in sorted(step.shards):  # --retention: changelog records whose pages have all expired
             for key in self.store.shard(s).take_tombstones():
-                writes.append(_Write(s, self.store.sending(s, self._send_changelog(s, key, None), None), key=key))
+                writes.append(self.store.sending(s, self._send_changelog(s, key, None), tombstone=key))
         return step, writes
 
     def _send_changelog(self, partition: int, key: bytes, value: bytes | None) -> Any:
@@ -1177,19 +1177,15 @@ class Worker:
             failed.set_exception(e)
             return failed
 
-    async def _durable(self, writes: list[_Write]) -> None:
+    async def _durable(self, writes: list[asyncio.Future]) -> None:
         """Await every changelog write of a step (and those under way before it): the shard's
-        inserts are durable before anyone hears of them.  A write that failed is owed again (its
-        rows, by the store; or its tombstone), and the first failure is raised once all are
-        awaited.  (The store records each write's offset as it lands.)"""
-        error: Exception | None = None
-        for w in writes:
-            try:
-                await w.sent
-            except Exception as e:
-                error = error or e
-                if w.key is not None and self.store.serves(w.partition):
-                    self.store.shard(w.partition).tombstones[w.key] = None
+        inserts are durable before anyone hears of them.  The first failure is raised once all
+        are awaited.  (The store records each write's outcome as it lands: the offset covered,
+        or what a failed one carried owed again.)"""
+        error: BaseException | None = None
+        for result in await asyncio.gather(*writes, return_exceptions=True):
+            if isinstance(result, BaseException) and error is None:
+                error = result
         if error is not None:
             raise error
 
@@ -1300,7 +1296,8 @@ class Worker:
         that has waited ``STANDBY_AFTER`` seconds on a partition silent for as long is checked
         against it (not stored), and a match
         is that group's answer.  A match is safe to use: the standby holds only pages in the
-        changelog (a standby that owes rows, or has writes under way, does not answer), which the partition's next owner will also have before this page, so the rule
+        changelog (a standby that owes rows, or has writes under way, does not answer), which the
+        partition's next owner will also have before this page, so the rule
         (docs/stream-design.md) flags the page either way.  "No match" is not used: two copies
         checked during the stall would both find nothing, and the owner must store one before
         the other to flag the second.  A page with a match that waits only for stalled groups
@@ -1402,26 +1399,13 @@ class Worker:
 
 
 @dataclass
-class _Write:
-    """A changelog record handed to the producer (Worker._store_probes): its shard partition, the
-    producer's future, and what it carried: its rows (owed by the store if the write fails), or
-    the key of a tombstone (owed again by the worker), or neither (a write of a step before,
-    awaited with this one's)."""
-
-    partition: int
-    sent: Any
-    rows: Batch | None = None
-    key: bytes | None = None
-
-
-@dataclass
 class _Here:
     """Probes given to shards this worker owns (Worker._probe_here): their messages, the step and
     its changelog sends, or the error of that first attempt."""
 
     messages: list[tuple[int, bytes]]
     step: ShardStep | None
-    writes: list[_Write]
+    writes: list[asyncio.Future]
     error: Exception | None
     t0: float  # (perf_counter) when the step began
 

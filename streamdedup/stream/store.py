@@ -289,13 +289,16 @@ class ShardStore(base.Store):
             self.offsets[partition] = max(offset, self.offsets.get(partition, -1))
 
     # -------------------------------------------------------------- rows owed to the changelog
-    def sending(self, partition: int, sent: Any, rows: Batch | None) -> asyncio.Future:
-        """A changelog write of ``rows`` that the shard of ``partition`` stored, or of a tombstone
-        (``rows`` None; ``sent``: the producer's future, or a coroutine).  Returns it as a future;
-        its outcome is recorded here when it lands: the offset covered (if the shard and the
-        assignment are still the ones it was sent in: a write that lands later covers nothing,
-        since other owners' records may lie below it), or the rows owed (while that shard is the
-        one here)."""
+    def sending(
+        self, partition: int, sent: Any, rows: Batch | None = None, tombstone: bytes | None = None
+    ) -> asyncio.Future:
+        """A changelog write of ``rows`` that the shard of ``partition`` stored, or of the
+        ``tombstone`` of a record whose rows expired (``sent``: the producer's future, or a
+        coroutine).  Returns it as a future; its outcome is recorded here when it lands: the
+        offset covered (if the shard and the assignment are still the ones it was sent in: a
+        write that lands later covers nothing, since other owners' records may lie below it), or,
+        if it failed, the rows owed or the tombstone queued again (while that shard is the one
+        here)."""
         future = asyncio.ensure_future(sent)
         # what the caller awaits: done once the outcome is recorded here (awaiting ``future``
         # itself, a step could go on, and its retry look, before this store heard of it)
@@ -304,9 +307,9 @@ class ShardStore(base.Store):
         sender = (self.shards.get(partition), self._rebalance)
         self._in_flight.setdefault(partition, set()).add(recorded)
         if future.done():  # (refused at once: owed now, before the step's retry can look)
-            self._landed(partition, sender, rows, future, recorded)
+            self._landed(partition, sender, (rows, tombstone), future, recorded)
         else:
-            future.add_done_callback(lambda f: self._landed(partition, sender, rows, f, recorded))
+            future.add_done_callback(lambda f: self._landed(partition, sender, (rows, tombstone), f, recorded))
         return recorded
 
     def settled(self, partition: int) -> bool:
@@ -314,10 +317,10 @@ class ShardStore(base.Store):
         owed, no write under way (a standby that may answer for a silent owner)."""
         return not self.owed.get(partition) and not self._in_flight.get(partition)
 
-    def under_way(self, partitions: set[int]) -> list[tuple[int, asyncio.Future]]:
+    def under_way(self, partitions: set[int]) -> list[asyncio.Future]:
         """The changelog writes under way of those partitions' shards (a step answers only once
         they landed, so no answer names a row whose write may fail)."""
-        return [(p, f) for p in sorted(partitions) for f in self._in_flight.get(p, ())]
+        return [f for p in sorted(partitions) for f in self._in_flight.get(p, ())]
 
     def owe(self, partition: int, rows: Batch) -> None:
         """Rows the shard of ``partition`` stored and no changelog write was sent for (the step
@@ -338,7 +341,7 @@ class ShardStore(base.Store):
         self,
         partition: int,
         sender: tuple[Shard | None, int | None],
-        rows: Batch | None,
+        carried: tuple[Batch | None, bytes | None],
         future: asyncio.Future,
         recorded: asyncio.Future,
     ) -> None:
@@ -347,13 +350,15 @@ class ShardStore(base.Store):
         if not flying:
             self._in_flight.pop(partition, None)
         ok = not future.cancelled() and future.exception() is None
-        shard, rebalance = sender
+        (shard, rebalance), (rows, tombstone) = sender, carried
         same = shard is not None and self.shards.get(partition) is shard
         if ok:
             if same and rebalance == self._rebalance:
                 self.covered(partition, future.result().offset)
         elif same and rows is not None:
             self.owed.setdefault(partition, []).append(rows)
+        elif same and shard is not None and tombstone is not None:
+            shard.tombstones[tombstone] = None  # (sent again with the shard's next step)
         if (held := self._held.get(partition)) is not None and recorded in held[1]:
             held[1].discard(recorded)
             if not ok:  # it holds rows the changelog lacks
@@ -362,7 +367,9 @@ class ShardStore(base.Store):
             elif not held[1]:
                 del self._held[partition]
                 self._submit(partition, *held[0])
-        if future.cancelled():
+        if recorded.done():  # (cancelled by a step that awaited it and was cancelled itself)
+            pass
+        elif future.cancelled():
             recorded.cancel()
         elif (error := future.exception()) is not None:
             recorded.set_exception(error)
