@@ -43,11 +43,11 @@ from aiokafka.errors import (
 
 from streamdedup.pipeline.offsets import PartitionOffsets
 from streamdedup.pipeline.pending import Pending, Waiting
-from streamdedup.pipeline.routing import Topics, outputs
+from streamdedup.pipeline.routing import OUTPUT_OVERHEAD_BYTES, Topics, outputs
 from streamdedup.settings import Settings
 from streamdedup.stream.connection import committed_offsets
 
-__all__ = ["Outbox"]
+__all__ = ["Outbox", "output_batch_bytes"]
 
 log = logging.getLogger(__name__)
 SETTLE_SECONDS = 5.0  # how long a revocation waits for its commits to show in the group (Outbox.settle)
@@ -57,6 +57,21 @@ FLUSH_ATTEMPTS = 5  # a flush that fails this often in a row (not a Kafka error)
 #: same record cannot help.
 RECORD_ERRORS = (MessageSizeTooLargeError, RecordTooLargeError, RecordListTooLargeError, CorruptRecordException)
 MAX_SHRINK = 2  # routing.outputs' last shrink level
+#: The most bytes of records one producer batch gathers for an output partition.  aiokafka puts
+#: at most one batch per partition in a produce request and has one request in flight per
+#: broker, so with its default (16 KiB) every page of a few KiB or more went out in a request of
+#: its own: ~1 request a page, the worker's and the broker's main cost on a backlog (bench/README.md,
+#: "Produce batches").  A batch is one message to the broker, so it also stays under the output
+#: topics' ``max.message.bytes`` (see :func:`output_batch_bytes`).
+OUTPUT_BATCH_BYTES = 256 * 1024
+
+
+def output_batch_bytes(settings: Settings) -> int:
+    """The producers' ``max_batch_size``: :data:`OUTPUT_BATCH_BYTES`, or less if the output topics
+    need only take a page of ``--max-page-bytes`` (the worker checks at start that they take
+    that much, :func:`streamdedup.stream.run.check_message_bytes`).  A single record larger than
+    this still goes, in a batch of its own."""
+    return min(OUTPUT_BATCH_BYTES, settings.max_page_bytes + OUTPUT_OVERHEAD_BYTES)
 
 
 class RecordsRefused(Exception):
@@ -104,6 +119,7 @@ class Outbox:
                 **self.settings.aiokafka_kwargs(),
                 transactional_id=f"{self.settings.app_id}-out-{partition}",
                 linger_ms=2,
+                max_batch_size=output_batch_bytes(self.settings),
                 max_request_size=max(1_048_576, 2 * self.settings.max_page_bytes),
                 # Kafka >= 3.6 answers a send racing the transaction's start with a
                 # retriable NOT_ENOUGH_REPLICAS; aiokafka's default 100 ms back-off

@@ -253,6 +253,27 @@ def test_bad_input_goes_to_the_dead_letter_topic_and_good_pages_keep_flowing(kaf
     assert 'streamdedup_dead_letters_total{reason="missing_field"} 2.0' in metrics
 
 
+def test_a_backlog_of_small_pages_shares_produce_batches_within_the_output_topics_limit(kafka, tmp_path):
+    """Copies of many pages go in shared produce batches (one request a page cost the worker
+    and the broker most of their CPU), but a batch is one message to the broker: with a small
+    --max-page-bytes the output topics take little more than one page, and a batch over that
+    would be refused and its pages sent again one by one."""
+    topics = StreamTopics.fresh(kafka, partitions=1)
+    rng = np.random.default_rng(11)
+    pages = [
+        page_record(f"http://batch.test/{i}", "<p>" + " ".join(rng.choice(VOCAB, 500)) + "</p>") for i in range(300)
+    ]
+    assert all(2500 < len(json.dumps(p)) < 4096 for p in pages)
+    produce(kafka, topics.pages, pages)  # a backlog: the worker's first transactions take many pages
+    with WorkerProcess(kafka, topics, tmp_path, env={"STREAMDEDUP_MAX_PAGE_BYTES": "4096"}) as w:
+        out = wait_for_verdicts(kafka, topics, len(pages), timeout=120)
+        log = w.log_path.read_text("utf-8", "replace")
+    copies = [m.key for m in out["unique"] + out["near"]]
+    assert sorted(copies) == sorted(p["url"].encode() for p in pages)
+    assert n_verdicts(out) == len(pages) and once_each(out) and not out["dead"]
+    assert "refused by the broker" not in log
+
+
 def test_a_page_sent_with_kcat_is_judged_and_read_back_with_kcat(kafka, tmp_path):
     kcat = shutil.which("kcat")
     assert kcat, "kcat is missing: run deploy/local/install-debian-packages.sh (make install does)"
