@@ -309,6 +309,23 @@ def test_a_missing_damaged_or_foreign_string_file_is_refused(tmp_path, damage, s
         Shard.load(tmp_path / "s.npz", plan, str(tmp_path / "s"))
 
 
+def test_a_string_ends_file_whose_last_end_is_negative_is_refused(tmp_path):
+    """(The size it gives was handed to ftruncate, whose OSError a snapshot load did not take
+    for damage: the worker failed at every assignment instead of rebuilding the shard.)"""
+    plan = ShardPlan(TableDesign.named("16"), 1)
+    fps, fetched, id_hash, ids = pages(14, 200)
+    live = Shard(plan, str(tmp_path / "s"))
+    answer_all(live, plan, fps, fetched, id_hash, ids)
+    live.save(tmp_path / "s.npz")
+    live.close()
+    ends = tmp_path / "s.g2.strings.ends"
+    raw = bytearray(ends.read_bytes())
+    raw[-8:] = b"\xff" * 8
+    ends.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="is damaged"):
+        Shard.load(tmp_path / "s.npz", plan, str(tmp_path / "s"))
+
+
 def test_a_file_backed_string_heap_round_trip(tmp_path):
     h = StringHeap(tmp_path / "h")
     values = ["http://a/", "", "ünïcode ✓", "x" * 5000] * 300

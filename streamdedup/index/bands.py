@@ -49,7 +49,8 @@ from streamdedup.fingerprinting.features import mix64
 from streamdedup.fingerprinting.simhash import hamming_many
 from streamdedup.index import columns
 from streamdedup.index.arrays import GrowingArray, first_occurrences
-from streamdedup.index.columns import Column, column_from_state, column_state, keep, new_column
+from streamdedup.index.columns import Column, column_from_state, column_state, new_column, stage_keep
+from streamdedup.index.file_array import Staged
 from streamdedup.index.lsh import _Run, s_curve
 
 __all__ = ["DEFAULT_NUM_PERM", "VERIFIERS", "BandScheme", "BandTable", "BandMatches"]
@@ -290,13 +291,34 @@ class BandTable:
     def keep_rows(self, rows: np.ndarray) -> None:
         """Keep only ``rows`` (ascending), renumbered in their order (the runs are sorted again;
         a column file is rewritten and replaced whole)."""
+        self.stage_keep_rows(rows).commit()
+
+    def stage_keep_rows(self, rows: np.ndarray) -> Staged:
+        """:meth:`keep_rows`, staged: every column file is written aside now, and they replace
+        the old ones at ``commit()``, so a failure leaves all of them as they were."""
         rows = np.asarray(rows, dtype=np.int64)
         keys = self.keys()[rows]
-        for name, col in self._columns().items():
-            setattr(self, name, keep(col, rows))
-        self._base, self._mid, self._tail = _Run.empty(_KEY), _Run.empty(_KEY), GrowingArray(_KEY)
-        self._tail.extend(keys)
-        self.prepare()
+        staged: dict[str, Staged] = {}
+        try:
+            for name, col in self._columns().items():
+                staged[name] = stage_keep(col, rows)
+        except BaseException:
+            for st in staged.values():
+                st.discard()
+            raise
+
+        def commit() -> None:
+            for name, st in staged.items():
+                setattr(self, name, st.commit())
+            self._base, self._mid, self._tail = _Run.empty(_KEY), _Run.empty(_KEY), GrowingArray(_KEY)
+            self._tail.extend(keys)
+            self.prepare()
+
+        def discard() -> None:
+            for st in staged.values():
+                st.discard()
+
+        return Staged(commit, discard)
 
     def __len__(self) -> int:
         return len(self.fps)

@@ -23,9 +23,9 @@ from collections.abc import Iterable
 import numpy as np
 
 from streamdedup.index.arrays import GrowingArray
-from streamdedup.index.file_array import FileArray
+from streamdedup.index.file_array import FileArray, Staged
 
-__all__ = ["Column", "new_column", "keep", "column_state", "column_from_state", "file_bytes", "close"]
+__all__ = ["Column", "new_column", "keep", "stage_keep", "column_state", "column_from_state", "file_bytes", "close"]
 
 Column = GrowingArray | FileArray
 
@@ -39,10 +39,16 @@ def new_column(dtype: type, prefix: str | None, suffix: str, shape: tuple[int, .
 
 def keep(col: Column, rows: np.ndarray) -> Column:
     """The column's values at ``rows`` (ascending) only (a file is rewritten and replaced whole)."""
+    return stage_keep(col, rows).commit()
+
+
+def stage_keep(col: Column, rows: np.ndarray) -> Staged:
+    """:func:`keep`, staged: ``commit()`` returns the column (a file's is written now and replaces
+    the old one at the commit; see :class:`~streamdedup.index.file_array.Staged`)."""
     if isinstance(col, FileArray):
-        col.keep(rows)
-        return col
-    return GrowingArray.of(col.view()[rows])
+        return col.stage_keep(rows)
+    kept = GrowingArray.of(col.view()[rows])
+    return Staged(lambda: kept)
 
 
 def column_state(name: str, col: Column) -> dict[str, np.ndarray]:

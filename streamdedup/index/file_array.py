@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-__all__ = ["FileArray", "Blob", "WritesAhead", "call_ahead", "pwrite_all"]
+__all__ = ["FileArray", "Blob", "Staged", "WritesAhead", "call_ahead", "pwrite_all", "stage_file"]
 
 _SPAN = 1 << 16  # bytes of each end of the file that the checksum reads
 Blob = bytes | bytearray | memoryview
@@ -43,6 +43,43 @@ def pwrite_all(fd: int, blob: Blob, at: int) -> None:
     while len(view):
         done = os.pwrite(fd, view, at)
         view, at = view[done:], at + done
+
+
+class Staged:
+    """A change prepared aside: :meth:`commit` makes it (renames and assignments only, nothing
+    that runs out of space) and returns what it gives, :meth:`discard` drops it.  A compaction
+    stages every file it rewrites before it commits any, so a failure (a full disk) leaves all
+    of them as they were, never some rewritten and others not."""
+
+    def __init__(self, commit: Callable[[], Any], discard: Callable[[], None] = lambda: None) -> None:
+        self._commit, self._discard = commit, discard
+
+    def commit(self) -> Any:
+        return self._commit()
+
+    def discard(self) -> None:
+        self._discard()
+
+
+def stage_file(path: str, write: Callable[[int], None]) -> tuple[int, Callable[[], None]]:
+    """A new file beside ``path`` (``path + ".compacting"``) filled by ``write(fd)``: returns its
+    descriptor and a function that closes and removes it.  A failed write removes it first."""
+    tmp = path + ".compacting"
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    def discard() -> None:
+        os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+    try:
+        write(fd)
+    except BaseException:
+        discard()
+        raise
+    return fd, discard
 
 
 class _Writer:
@@ -346,27 +383,39 @@ class FileArray:
         """Make the column hold ``values_of`` (an array, or chunks in order) instead: written to a
         new file that then replaces the old one, so a failure before that leaves the column as it
         was (retention's compaction)."""
+        self.stage(values_of).commit()
+
+    def stage(self, values_of: Iterable[np.ndarray] | np.ndarray) -> Staged:
+        """:meth:`replace`, staged: the new file is written now, and replaces the old one at
+        ``commit()`` (which returns the column)."""
         self.drop_ahead()
         chunks = [values_of] if isinstance(values_of, np.ndarray) else values_of
-        tmp = self.path + ".compacting"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            at = 0
+        written = [0]
+
+        def write(fd: int) -> None:
             for chunk in chunks:
-                self._write(fd, chunk, at)
-                at += len(chunk) * self.row_bytes
-            os.replace(tmp, self.path)
-        except BaseException:
-            os.close(fd)
-            raise
-        self.close()
-        self._fd, self.n = fd, at // self.row_bytes
+                self._write(fd, chunk, written[0])
+                written[0] += len(chunk) * self.row_bytes
+
+        fd, discard = stage_file(self.path, write)
+
+        def commit() -> FileArray:
+            os.replace(self.path + ".compacting", self.path)
+            self.close()
+            self._fd, self.n = fd, written[0] // self.row_bytes
+            return self
+
+        return Staged(commit, discard)
 
     def keep(self, rows: np.ndarray) -> None:
         """Keep only the values at ``rows`` (ascending), in their order."""
+        self.stage_keep(rows).commit()
+
+    def stage_keep(self, rows: np.ndarray) -> Staged:
+        """:meth:`keep`, staged (see :meth:`stage`)."""
         rows = np.asarray(rows, dtype=np.int64)
         chunk, view = 1 << 20, self.view()
-        self.replace(np.asarray(view[rows[at : at + chunk]]) for at in range(0, len(rows), chunk))
+        return self.stage(np.asarray(view[rows[at : at + chunk]]) for at in range(0, len(rows), chunk))
 
     def close(self) -> None:
         self.drop_ahead()  # (the writer thread writes to its file descriptor)

@@ -19,7 +19,7 @@ from concurrent.futures import Future
 import numpy as np
 import xxhash
 
-from streamdedup.index.file_array import Blob, FileArray, WritesAhead, pwrite_all
+from streamdedup.index.file_array import Blob, FileArray, Staged, WritesAhead, pwrite_all, stage_file
 
 __all__ = ["StringHeap", "texts_state", "texts_from_state"]
 
@@ -65,6 +65,8 @@ class StringHeap:
                 heap._n = int(count)
                 heap._file_ends = FileArray.open(np.int64, heap.path + ".ends", heap._n, None)
             heap._size = int(heap._file_ends.view()[-1]) if heap._n else 0
+            if heap._size < 0:
+                raise ValueError(f"the ends file of {heap.path} is damaged (its last end is {heap._size})")
             if os.fstat(heap._fd).st_size < heap._size:
                 raise ValueError(f"the string file {heap.path} is shorter than its snapshot says ({heap._size} bytes)")
             os.ftruncate(heap._fd, heap._size)
@@ -223,6 +225,11 @@ class StringHeap:
         """Keep only the strings ``rows`` (ascending), renumbered in their order (retention's
         compaction).  A file-backed heap is copied, a chunk at a time, to new files that then
         replace the old ones: a failure before that leaves the heap as it was."""
+        self.stage_keep(rows).commit()
+
+    def stage_keep(self, rows: np.ndarray) -> Staged:
+        """:meth:`keep`, staged: the new files are written now and replace the old ones at
+        ``commit()`` (:class:`~streamdedup.index.file_array.Staged`)."""
         self.drop_ahead()
         rows = np.asarray(rows, dtype=np.int64)
         ends = np.asarray(self.ends())
@@ -230,32 +237,45 @@ class StringHeap:
         keep = np.zeros(self._n, dtype=bool)
         keep[rows] = True
         new_ends = np.cumsum(lengths[rows], dtype=np.int64)
+        n, size = len(rows), int(new_ends[-1]) if len(new_ends) else 0
         if self._fd is None:
-            self._data = bytearray(np.frombuffer(self._data, np.uint8)[np.repeat(keep, lengths)].tobytes())
-            self._mem_ends = new_ends
-        else:
-            assert self.path is not None and self._file_ends is not None
-            tmp = self.path + ".compacting"
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                at, chunk = 0, 1 << 16
-                for lo in range(0, self._n, chunk):
-                    hi = min(self._n, lo + chunk)
-                    start = int(ends[lo - 1]) if lo else 0
-                    raw = np.frombuffer(os.pread(self._fd, int(ends[hi - 1]) - start, start), np.uint8)
-                    view = memoryview(raw[np.repeat(keep[lo:hi], lengths[lo:hi])].tobytes())
-                    while len(view):
-                        done = os.pwrite(fd, view, at)
-                        view, at = view[done:], at + done
-                self._file_ends.replace(new_ends)
-                os.replace(tmp, self.path)
-            except BaseException:
-                os.close(fd)
-                raise
-            os.close(self._fd)
-            self._fd = fd
-        self._n = len(rows)
-        self._size = int(new_ends[-1]) if len(new_ends) else 0
+            data = bytearray(np.frombuffer(self._data, np.uint8)[np.repeat(keep, lengths)].tobytes())
+
+            def in_memory() -> None:
+                self._data, self._mem_ends, self._n, self._size = data, new_ends, n, size
+
+            return Staged(in_memory)
+        assert self.path is not None and self._file_ends is not None
+        old_fd, path = self._fd, self.path
+
+        def write(fd: int) -> None:
+            at, chunk = 0, 1 << 16
+            for lo in range(0, self._n, chunk):
+                hi = min(self._n, lo + chunk)
+                start = int(ends[lo - 1]) if lo else 0
+                raw = np.frombuffer(os.pread(old_fd, int(ends[hi - 1]) - start, start), np.uint8)
+                blob = raw[np.repeat(keep[lo:hi], lengths[lo:hi])].tobytes()
+                pwrite_all(fd, blob, at)
+                at += len(blob)
+
+        fd, discard = stage_file(path, write)
+        try:
+            new_ends_file = self._file_ends.stage(new_ends)
+        except BaseException:
+            discard()
+            raise
+
+        def commit() -> None:
+            new_ends_file.commit()
+            os.replace(path + ".compacting", path)
+            os.close(old_fd)
+            self._fd, self._n, self._size = fd, n, size
+
+        def drop() -> None:
+            new_ends_file.discard()
+            discard()
+
+        return Staged(commit, drop)
 
     def close(self) -> None:
         self.drop_ahead()  # (its thread writes to the file descriptor)

@@ -119,8 +119,16 @@ class BandStore:
         if self._dead * 4 <= len(self.table):
             return False
         live = np.flatnonzero(times.view() >= cutoff)
-        self.texts.keep(np.stack((2 * live, 2 * live + 1), axis=1).ravel())  # first: the write that can fail
-        self.table.keep_rows(live)
+        # both written aside before either is renamed: a failure leaves the strings and the
+        # table as they were, both of them
+        texts = self.texts.stage_keep(np.stack((2 * live, 2 * live + 1), axis=1).ravel())
+        try:
+            table = self.table.stage_keep_rows(live)
+        except BaseException:
+            texts.discard()
+            raise
+        texts.commit()
+        table.commit()
         self._dead = 0
         return True
 

@@ -63,7 +63,7 @@ from streamdedup.fingerprinting.features import mix64
 from streamdedup.index import columns
 from streamdedup.index.arrays import GrowingArray, first_occurrences
 from streamdedup.index.blocks import BlockIndex
-from streamdedup.index.columns import Column, column_from_state, column_state, keep, new_column
+from streamdedup.index.columns import Column, column_from_state, column_state, new_column, stage_keep
 from streamdedup.index.file_array import FileArray, call_ahead
 from streamdedup.index.hamming import HammingIndex
 from streamdedup.index.strings import StringHeap, texts_from_state, texts_state
@@ -791,9 +791,20 @@ class _GroupStore:
         if len(self.index) * 4 >= 3 * len(self.id_hash) or not len(old):
             return False
         live = np.flatnonzero(self.index.alive_rows())
-        self.texts.keep(np.stack((2 * live, 2 * live + 1), axis=1).ravel())  # first: the writes that can fail
-        self.fetched, self.id_hash = keep(self.fetched, live), keep(self.id_hash, live)
-        self.index.keep_rows(live)
+        # every file written aside first, then the index renumbered (its new arrays are built
+        # before it takes them), then the files renamed: a failure (a full disk, no memory)
+        # leaves the strings, the columns and the index as they were, all of them
+        staged = []
+        try:
+            staged.append(self.texts.stage_keep(np.stack((2 * live, 2 * live + 1), axis=1).ravel()))
+            staged.append(stage_keep(self.fetched, live))
+            staged.append(stage_keep(self.id_hash, live))
+            self.index.keep_rows(live)
+        except BaseException:
+            for s in staged:
+                s.discard()
+            raise
+        _, self.fetched, self.id_hash = (s.commit() for s in staged)
         return True
 
 
