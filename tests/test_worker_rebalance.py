@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from streamdedup.settings import Settings
 from streamdedup.stream import app as app_module
+from streamdedup.stream import pool as pool_module
 from streamdedup.stream.app import Worker
 
 
@@ -569,7 +570,7 @@ def test_every_fingerprinting_process_gets_a_batch_of_a_backlog(tmp_path, monkey
             inside[0] -= 1
         return real(*args)
 
-    monkeypatch.setattr(app_module, "fingerprint_pool", lambda n: ThreadPoolExecutor(n))
+    monkeypatch.setattr(pool_module, "fingerprint_pool", lambda n: ThreadPoolExecutor(n))
     monkeypatch.setattr(app_module, "fingerprint_contents", held)
     settings = Settings(data_dir=tmp_path, fingerprint_processes=processes, partitions=2, batch_size=10)
     worker = Worker(settings, registry=CollectorRegistry())

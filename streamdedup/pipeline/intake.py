@@ -134,6 +134,32 @@ def fingerprint_contents(
     return Fingerprinted(fingerprints.simhash, failed, fingerprints.cluster_keys(cluster_n), extra)
 
 
+#: The dead letter's message for a page whose fingerprinting process died on it twice
+PROCESS_DIED = "the fingerprinting process died while it read this page (twice): out of memory, or a crash"
+
+
+def process_died(bands: BandScheme | None = None) -> Fingerprinted:
+    """What :func:`fingerprint_contents` of one page gives when the page killed its process: an
+    ``internal_error`` for it."""
+    empty = None if bands is None else np.zeros((0, bands.extra_bytes), dtype=np.uint8)
+    return Fingerprinted(np.zeros(0, dtype=np.uint64), [(0, "internal_error", PROCESS_DIED)], [], empty)
+
+
+def join_fingerprinted(parts: Sequence[tuple[int, Fingerprinted]], bands: BandScheme | None = None) -> Fingerprinted:
+    """:func:`fingerprint_contents` of consecutive parts of one batch, each given with the
+    position of its first content, as one result for the batch."""
+    fps = [p.fps for _, p in parts]
+    failed = [(at + i, reason, message) for at, p in parts for i, reason, message in p.failed]
+    clusters = [c for _, p in parts for c in p.clusters]
+    extra = None
+    if bands is not None:
+        none = np.zeros((0, bands.extra_bytes), dtype=np.uint8)
+        extra = np.concatenate([p.extra for _, p in parts if p.extra is not None] or [none])
+    return Fingerprinted(
+        np.concatenate(fps or [np.zeros(0, dtype=np.uint64)]).astype(np.uint64), failed, clusters, extra
+    )
+
+
 @dataclass
 class Intake:
     """What a batch of records became."""

@@ -32,7 +32,15 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from streamdedup.index.bands import BandScheme
 from streamdedup.index.hamming import HammingIndex
 from streamdedup.pipeline.bands import BandPlan
-from streamdedup.pipeline.intake import Intake, Record, fingerprint_contents, parse
+from streamdedup.pipeline.intake import (
+    Fingerprinted,
+    Intake,
+    Record,
+    fingerprint_contents,
+    join_fingerprinted,
+    parse,
+    process_died,
+)
 from streamdedup.pipeline.offsets import Delivery
 from streamdedup.pipeline.pending import Pending, Waiting
 from streamdedup.pipeline.routing import Topics, match_distance
@@ -53,7 +61,7 @@ from streamdedup.stream.gauges import Gauges
 from streamdedup.stream.logs import install as rate_limit_client_logs
 from streamdedup.stream.metrics import Metrics, setup_faust_sensor
 from streamdedup.stream.outbox import Outbox, latency_seconds
-from streamdedup.stream.pool import fingerprint_pool
+from streamdedup.stream.pool import BrokenProcessPool, FingerprintPool
 from streamdedup.stream.recovery import ShardTables
 from streamdedup.stream.store import SCHEME, BulkReplay, ShardStore
 
@@ -251,7 +259,7 @@ class Worker:
         # shard partition (active here) -> the probes this worker sent there through the topic, while
         # they may wait: its own probes go to a shard here (--local-shards) only once none waits
         self._via_topic: dict[int, list[Batch]] = {}
-        self._pool = fingerprint_pool(s.fingerprint_processes) if s.fingerprint_processes else None
+        self._pool = FingerprintPool(s.fingerprint_processes) if s.fingerprint_processes else None
         self._writer = struct.pack("<Q", int(time.time() * 1e6))  # changelog keys: unique per incarnation
         self._seq = 0
         self._ready_at: float | None = None  # (the test hook handover: when the shards here became ready)
@@ -750,12 +758,7 @@ class Worker:
         try:
             parsed = parse(records, self.settings.max_page_bytes)
             contents = parsed.contents()
-            if self._pool is not None:
-                result = asyncio.get_running_loop().run_in_executor(
-                    self._pool, fingerprint_contents, contents, self.settings.cluster_n, self.bands
-                )
-            else:
-                result = None
+            result = asyncio.ensure_future(self._fingerprint(contents)) if self._pool is not None else None
         except Exception as e:
             parsed, result, error = None, None, e
         else:
@@ -1011,6 +1014,30 @@ class Worker:
                 )
             self._kick(partial=True)  # the records read, and those held behind the hole if it is closed now
             self.outbox.schedule(partition)
+
+    async def _fingerprint(self, contents: list) -> Fingerprinted:
+        """:func:`fingerprint_contents` in the pool.  A batch whose process died is run again in
+        new processes (:class:`~streamdedup.stream.pool.FingerprintPool`); one that kills those
+        too is run page by page, so the page that kills a process becomes a dead letter
+        (``internal_error``) and the others are judged."""
+        assert self._pool is not None
+        loop, args = asyncio.get_running_loop(), (self.settings.cluster_n, self.bands)
+        for _ in range(2):
+            try:
+                return await loop.run_in_executor(self._pool, fingerprint_contents, contents, *args)
+            except BrokenProcessPool:
+                self.metrics.errors.labels("pool").inc()
+        log.error(
+            "the fingerprinting processes died twice on a batch of %d pages; running it page by page", len(contents)
+        )
+        parts: list[tuple[int, Fingerprinted]] = []
+        for i, content in enumerate(contents):
+            try:
+                parts.append((i, await loop.run_in_executor(self._pool, fingerprint_contents, [content], *args)))
+            except BrokenProcessPool:
+                self.metrics.errors.labels("pool").inc()
+                parts.append((i, process_died(self.bands)))
+        return join_fingerprinted(parts, self.bands)
 
     def _drained(self, task: asyncio.Task) -> None:
         self._in_flight -= 1

@@ -1,20 +1,33 @@
-"""The worker's fingerprinting processes: a process pool that dies with the worker.
+"""The worker's fingerprinting processes: a process pool that dies with the worker, and is
+started again when one of its processes dies.
 
 A pool process whose worker is SIGKILLed would otherwise wait on its task queue for good;
 each one watches its parent and exits when the parent is gone.  Each also loads the compiled
 fingerprint kernels (about 2 s from numba's cache) and runs one small page through the whole
 path as it starts, so the first batch of pages does not wait for them.
+
+A process can die under the worker (the OOM killer, a crash in a C extension on a hostile
+page, an operator's ``kill``).  A ``ProcessPoolExecutor`` is then broken for good: every later
+submit raises ``BrokenProcessPool``, which turned every later page into a dead letter until the
+worker restarted.  :class:`FingerprintPool` starts new processes at the next submit instead;
+the tasks that were running fail with ``BrokenProcessPool`` and their callers run them again
+(the worker: :meth:`streamdedup.stream.app.Worker._fingerprint`).
 """
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
 
-__all__ = ["fingerprint_pool"]
+__all__ = ["fingerprint_pool", "FingerprintPool", "BrokenProcessPool"]
+
+log = logging.getLogger(__name__)
 
 
 def _watch_parent(parent: int) -> None:
@@ -44,3 +57,38 @@ def fingerprint_pool(processes: int) -> ProcessPoolExecutor:
     )
     pool.submit(int)  # start the processes now, not on the first batch
     return pool
+
+
+class FingerprintPool(Executor):
+    """:func:`fingerprint_pool`'s processes, started again when the pool is broken (a process died).
+    ``renewals``: how many times."""
+
+    def __init__(self, processes: int) -> None:
+        self.processes = processes
+        self.renewals = 0
+        self._pool = fingerprint_pool(processes)
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future:
+        try:
+            return self._pool.submit(fn, *args, **kwargs)
+        except BrokenProcessPool:
+            self.renew(self._pool)
+            return self._pool.submit(fn, *args, **kwargs)
+
+    def renew(self, broken: ProcessPoolExecutor | None = None) -> None:
+        """New processes in place of ``broken`` (the current pool if None); nothing if the pool
+        was renewed since (several callers see the same death)."""
+        if broken is not None and broken is not self._pool:
+            return
+        old, self.renewals = self._pool, self.renewals + 1
+        log.error("a fingerprinting process died; starting %d new one(s) (renewal %d)", self.processes, self.renewals)
+        self._pool = fingerprint_pool(self.processes)
+        # (a broken pool's manager thread has ended or is ending: this does not wait for work)
+        old.shutdown(wait=True, cancel_futures=True)
+
+    @property
+    def current(self) -> ProcessPoolExecutor:
+        return self._pool
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._pool.shutdown(wait=wait, cancel_futures=cancel_futures)
