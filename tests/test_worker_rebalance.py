@@ -276,6 +276,62 @@ def test_records_after_a_hole_wait_for_it_and_are_judged_in_offset_order(assigne
     asyncio.run(scenario())
 
 
+def registration_order(worker: Worker) -> list[tuple[int, int]]:
+    """(partition, offset) of each page as the worker registers it (the order its probes go
+    out in, so the order the shards store the pages in)."""
+    order: list[tuple[int, int]] = []
+    add_page = worker.pending.add_page
+
+    def registered(partition: int, offset: int, **kwargs):
+        order.append((partition, offset))
+        return add_page(partition, offset, **kwargs)
+
+    worker.pending.add_page = registered  # type: ignore[method-assign]
+    return order
+
+
+def test_records_before_a_hole_held_by_back_pressure_are_judged_before_its_fillers(assigned):
+    """The records read into a hole are judged whatever the back-pressure (they hold the commits
+    back); the records of their partition before the hole, held in the buffer by that
+    back-pressure, were judged after them: pages stored out of offset order."""
+    worker = assigned
+    limit = worker._max_waiting
+    order = registration_order(worker)
+
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        worker.outbox.read_range, _ = reader(1, {3, 4}, gate=gate)
+        deliver(worker, 0, range(100, 100 + limit))
+        await until(lambda: len(worker.pending) >= limit and not worker._in_flight, "the backlog full")
+        deliver(worker, 1, [0, 1, 2, 5, 6])  # 3 and 4 skipped by the consumer: a hole
+        gate.set()
+        await until(lambda: 4 in waiting_offsets(worker, 1), "the hole judged")
+        worker.pending.drop(0)  # the backlog's answers came and it was committed
+        await until(lambda: waiting_offsets(worker, 1) == list(range(7)), "all judged", worker=worker)
+        assert [o for p, o in order if p == 1] == list(range(7))
+
+    asyncio.run(scenario())
+
+
+def test_records_read_into_a_hole_in_another_order_are_judged_in_offset_order(assigned):
+    """faust delivers a record of a hole late (4) while the worker's own read brings the one
+    before it (3): with no hole left, the fillers were taken as they came, 4 before 3."""
+    worker = assigned
+    order = registration_order(worker)
+
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        worker.outbox.read_range, reads = reader(1, {3}, gate=gate)
+        deliver(worker, 1, [0, 1, 2, 5])
+        await until(lambda: reads, "the hole's read")
+        deliver(worker, 1, [4])  # faust's late delivery of part of the hole
+        gate.set()
+        await until(lambda: waiting_offsets(worker, 1) == list(range(6)), "all judged", worker=worker)
+        assert [o for p, o in order if p == 1] == list(range(6))
+
+    asyncio.run(scenario())
+
+
 def test_records_delivered_before_the_committed_offset_is_known_wait_for_it(worker, monkeypatch):
     """faust hands out records of a new assignment before the worker has read where its commits
     start: a record it skipped among them shows as a hole only then, and the records after it

@@ -876,6 +876,8 @@ class Worker:
                     holes[p] = -1
             elif (h := o.hole()) is not None:
                 holes[p] = h[0]
+        if self._fillers and self._in_flight < self._max_in_flight:
+            self._fillers = self._with_fillers()
         while self._fillers and self._in_flight < self._max_in_flight:  # they hold back the commits
             events, self._fillers = _before_holes(self._fillers, size, holes)
             if not events:
@@ -899,6 +901,18 @@ class Worker:
         elif self._paused and backlog < self._max_waiting and cast(Any, self.app.tables).recovery.completed.is_set():
             self._paused = False
             asyncio.get_running_loop().create_task(self._resume(tps, self._generation))
+
+    def _with_fillers(self) -> list:
+        """The fillers (records read into a hole) in offset order, with the buffered records of
+        their partitions before them: the fillers are judged whatever the back-pressure, and
+        records held in the buffer by it must not be judged after them (offset order)."""
+        last: dict[int, int] = {}
+        for e in self._fillers:
+            last[e.message.partition] = max(last.get(e.message.partition, -1), e.message.offset)
+        before = [e for e in self._buffer if e.message.offset < last.get(e.message.partition, -1)]
+        if before:
+            self._buffer = [e for e in self._buffer if e.message.offset >= last.get(e.message.partition, -1)]
+        return sorted(self._fillers + before, key=lambda e: (e.message.partition, e.message.offset))
 
     async def _resume(self, tps: set, generation: int) -> None:
         # faust drops the records of a paused partition that were fetched already: read them
@@ -1465,7 +1479,9 @@ class _Reread:
 
 def _before_holes(events: list, size: int, holes: dict[int, int]) -> tuple[list, list]:
     """Up to ``size`` events, in order, that are not behind a hole of their partition (``holes``:
-    partition -> its first offset not delivered), sorted by offset; and the others, in order."""
+    partition -> its first offset not delivered), sorted by offset; and the others, in order.
+    (Each partition's events come in offset order: the buffer's as delivered, the fillers'
+    sorted by :meth:`Worker._with_fillers`.)"""
     if not holes:
         return events[:size], events[size:]
     take: list = []
