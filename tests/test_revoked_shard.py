@@ -31,6 +31,7 @@ from faust.types import TP
 from prometheus_client import CollectorRegistry
 
 from streamdedup.pipeline.intake import id_hash
+from streamdedup.pipeline.snapshot_file import read_arrays
 from streamdedup.pipeline.wire import ANSWERS, CHANGELOG, PROBES, Batch, decode, encode
 from streamdedup.settings import Settings
 from streamdedup.stream.app import Worker
@@ -489,10 +490,14 @@ def test_a_snapshot_taken_while_a_changelog_write_is_under_way_waits_for_it(tmp_
         w.store.finish_snapshots()
         assert not path.exists()  # not while the write is under way
         if write == "lands":
-            gate[0].set_result(SimpleNamespace(offset=cluster.append(SHARD, encode(rows(*first), CHANGELOG))))
+            landed = cluster.append(SHARD, encode(rows(*first), CHANGELOG))
+            gate[0].set_result(SimpleNamespace(offset=landed))
             await step
             w.store.finish_snapshots()
             assert path.exists()
+            # it holds the write's page, so it covers the write's offset: a restart from it does
+            # not replay that record and store the page twice (it said the offset of before)
+            assert read_arrays(path)[1]["offset"] == landed
             return
         gate[0].set_exception(RuntimeError("the broker is away"))
         with pytest.raises(RuntimeError, match="the broker is away"):

@@ -364,9 +364,17 @@ class ShardStore(base.Store):
             if not ok:  # it holds rows the changelog lacks
                 del self._held[partition]
                 log.info("shard %d: snapshot dropped: a changelog write of rows it holds failed", partition)
-            elif not held[1]:
-                del self._held[partition]
-                self._submit(partition, *held[0])
+            else:  # it holds the write's rows, so it covers the write's offset (a restart replays after it)
+                meta = held[0][2]
+                meta["offset"] = max(int(meta["offset"]), future.result().offset)
+                if not held[1]:
+                    del self._held[partition]
+                    self._submit(partition, *held[0])
+        self._settle(recorded, future)
+
+    @staticmethod
+    def _settle(recorded: asyncio.Future, future: asyncio.Future) -> None:
+        """Complete ``recorded`` (what :meth:`sending` handed out) as the producer's ``future`` did."""
         if recorded.done():  # (cancelled by a step that awaited it and was cancelled itself)
             pass
         elif future.cancelled():
