@@ -217,3 +217,61 @@ def test_a_string_write_that_fails_in_its_thread_stops_the_bulk_read_before_the_
         texts = shard._groups[g].texts
         assert len(texts) == 2 * len(rows) and texts.data() == bytes(rows.strings)
         assert [texts[2 * i] or texts[2 * i + 1] for i in range(len(rows))] == rows.ids()
+
+
+@pytest.mark.parametrize("path", ["bulk", "faust"])
+def test_a_changelog_record_that_is_not_a_shard_batch_is_skipped_and_the_others_are_restored(
+    worker, changelog, monkeypatch, path
+):
+    """(It failed its whole run at every attempt: faust keeps a failed buffer and applies it
+    again, so recovery never ended and the worker neither served nor stopped.)"""
+    if path == "faust":
+        monkeypatch.setattr(ShardStore, "bulk", None)
+    changelog.write(0, [0, 1, 2], end=3, value=lambda p, o: b"\x00garbage" if o == 1 else _value(p, o))
+    asyncio.run(assign(worker, monkeypatch, {0}))
+    store = worker.store
+    _faust_recovery(store, changelog)
+    assert len(store.shards[0]) == 2 * 5
+    assert store.persisted_offset(TP(store._changelog(), 0)) == 2
+
+
+def test_a_restore_that_fails_after_some_groups_stored_the_rows_drops_the_shard_and_stops(
+    worker, changelog, monkeypatch
+):
+    """A full disk in the third group of a changelog batch: the first two hold its rows.  faust
+    applies a failed buffer again, so they would hold them twice (and a snapshot would keep
+    that).  The shard is dropped instead, nothing more is restored into it, no snapshot is
+    written, and the worker stops: a restart rebuilds it."""
+    from streamdedup.index import strings
+
+    monkeypatch.setattr(ShardStore, "bulk", None)
+    crashes: list[BaseException] = []
+
+    async def crash(e: BaseException) -> None:
+        crashes.append(e)
+
+    monkeypatch.setattr(worker.app, "crash", crash)
+    changelog.write(0, [0, 1, 2], end=3)
+    real, calls = strings.pwrite_all, []
+
+    def pwrite_all(fd: int, blob: Any, at: int) -> None:
+        calls.append(at)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, blob, at)
+
+    monkeypatch.setattr(strings, "pwrite_all", pwrite_all)
+    events = [SimpleNamespace(message=SimpleNamespace(partition=0, **vars(r))) for r in changelog.records[0]]
+
+    async def scenario() -> None:
+        await assign(worker, monkeypatch, {0})
+        with pytest.raises(OSError, match="No space"):
+            worker.store.apply_changelog_batch(events, None, None)
+        with pytest.raises(RuntimeError, match="dropped"):  # faust's second attempt
+            worker.store.apply_changelog_batch(events, None, None)
+        await asyncio.sleep(0)  # the crash is scheduled
+
+    asyncio.run(scenario())
+    assert len(crashes) == 1 and "failed midway" in str(crashes[0])
+    assert 0 not in worker.store.shards and not worker.store.snapshot(0)
+    assert not list(worker.settings.data_dir.glob("*.shard"))

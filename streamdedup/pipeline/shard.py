@@ -480,6 +480,10 @@ class Shard:
             store.load(rows)
         self._advance(restored_clock_values(inserts), starts)
 
+    def row_count(self) -> int:
+        """Rows the groups have numbered (expired ones not compacted away yet included)."""
+        return sum(_rows(store) for store in self._groups.values())
+
     def write_ahead(
         self, inserts: Batch, groups: list[tuple[int, Batch]], fill: Callable[[], None] | None = None
     ) -> Future[None] | None:

@@ -228,6 +228,7 @@ class ShardStore(base.Store):
         self._rebalance: int | None = None  # faust's rebalance count when the assignment came
         self._recovered: tuple[int | None] | None = None  # (_rebalance,) once its recovery completed
         self._crashing: asyncio.Future | None = None
+        self._broken: set[int] = set()  # shards whose restore failed midway (_stop_partial)
         # The changelog writes of rows the shards here stored (:meth:`sending`).  A snapshot file
         # never holds a row whose write was not acknowledged: else a retry of its page, finding
         # it stored, wrote nothing, and the changelog lacked the page for good.
@@ -415,6 +416,8 @@ class ShardStore(base.Store):
         (only behind its own partition's write under way)."""
         path, shard = self._snapshot_path(partition), self.shards.get(partition)
         self.snapshot_at[partition] = time.monotonic()
+        if partition in self._broken:
+            return False
         self._first.discard(partition)
         if path is None or shard is None or partition not in self.offsets:
             return False
@@ -567,9 +570,17 @@ class ShardStore(base.Store):
         """The first half of :meth:`_restore`: decode ``messages`` and regroup their rows; with
         ``ahead``, start writing their strings in a thread (:meth:`Shard.write_ahead`) while the
         caller goes on, e.g. applies the run before (the shard holds none of them yet)."""
+        if partition in self._broken:  # (stopping: restored by the restart)
+            raise RuntimeError(f"shard {partition} is dropped: its restore failed midway, the worker is stopping")
         records = [m for m in messages if m.value]
         try:
-            rows = decode([m.value for m in records], CHANGELOG)
+            try:
+                rows = decode([m.value for m in records], CHANGELOG)
+            except SchemeError:
+                raise
+            except ValueError:  # a record that is not one of ours: skipped, the others restored
+                records = self._readable(partition, records)
+                rows = decode([m.value for m in records], CHANGELOG)
         except SchemeError as e:
             self._refuse(partition, e)
             raise
@@ -586,15 +597,45 @@ class ShardStore(base.Store):
             fill()
         return _Run(partition, messages, records, rows, groups, filled)
 
+    def _readable(self, partition: int, records: list) -> list:
+        """``records`` without those that are not shard changelog batches (damaged, or written
+        by something else), each logged: left in, they failed their whole run at every attempt
+        (faust keeps a failed buffer and applies it again), so recovery never ended."""
+        good = []
+        for m in records:
+            try:
+                decode([m.value], CHANGELOG)
+            except SchemeError:
+                raise
+            except ValueError as e:
+                log.error(
+                    "shard changelog %s partition %d offset %d is not a streamdedup record (%s): skipped; "
+                    "the pages it held, if any, are not restored",
+                    self._changelog(),
+                    partition,
+                    m.offset,
+                    e,
+                )
+            else:
+                good.append(m)
+        return good
+
     def _apply(self, run: _Run) -> None:
         """The second half of :meth:`_restore`: store a prepared run (raising the error of a
         string write ahead that failed before the shard holds any of it), then its offset."""
         partition, messages, records, rows = run.partition, run.messages, run.records, run.rows
+        if partition in self._broken:
+            raise RuntimeError(f"shard {partition} is dropped: its restore failed midway, the worker is stopping")
         shard = self.shard(partition)
+        before = shard.row_count()
         try:
             shard.restore(rows, run.groups, run.filled)
         except PlanError as e:
             self._refuse_plan(partition, e)
+            raise
+        except BaseException as e:
+            if shard.row_count() != before:
+                self._stop_partial(partition, e)
             raise
         if shard.retention:  # the records that hold its rows, and the tombstones of expired ones
             counts = row_counts([m.value for m in records])
@@ -622,6 +663,24 @@ class ShardStore(base.Store):
         log.critical("%s", message)
         crash = SchemeError(message, error.found, error.expected)
         self._crashing = asyncio.ensure_future(self.app.crash(crash))  # keep a reference until it runs
+
+    def _stop_partial(self, partition: int, error: BaseException) -> None:
+        """Stop the worker: a changelog run failed (a full disk) after some of the shard's groups
+        stored its rows.  Applied again (faust does, and the bulk replay hands the run to faust),
+        those groups would hold the rows twice; snapshotted, the next start too.  So the shard
+        is dropped, without a snapshot, and a restart rebuilds it (its last snapshot and the
+        changelog)."""
+        message = (
+            f"shard {partition}: restoring its changelog failed midway ({type(error).__name__}: {error}); "
+            "stopping, so that a restart rebuilds the shard (free disk space first if it is full)"
+        )
+        log.critical("%s", message)
+        self._broken.add(partition)  # (no more restores, no snapshot)
+        shard = self.shards.pop(partition, None)
+        if shard is not None:
+            shard.close()
+        self.offsets.pop(partition, None)
+        self._crashing = asyncio.ensure_future(self.app.crash(RuntimeError(message)))
 
     def _refuse_plan(self, partition: int, error: PlanError) -> None:
         """Stop the worker: its changelog was written by workers of another plan."""
