@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from aiokafka.errors import MessageSizeTooLargeError, OutOfOrderSequenceNumber
+import pytest
+from aiokafka.errors import MessageSizeTooLargeError, OutOfOrderSequenceNumber, ProducerFenced
 
 from streamdedup.pipeline.pending import Pending
 from streamdedup.pipeline.routing import TRUNCATED_BYTES, Topics
@@ -207,3 +208,32 @@ def test_a_kept_partition_starts_after_its_own_last_commit_when_the_group_reads_
     assert outbox.start_offset(0, None) == 13  # read as none yet
     assert outbox.start_offset(0, 20) == 20  # another owner committed further since
     assert outbox.start_offset(1, 4) == 4 and outbox.start_offset(1, None) is None  # never committed here
+
+
+@pytest.mark.parametrize("revoked", [False, True])
+def test_a_producer_fenced_while_its_partition_is_still_owned_stops_the_worker(revoked):
+    """aiokafka raises ProducerFenced also when the broker timed the transaction out.  No
+    revocation follows: the dropped records counted as delivered, so nothing read them again and
+    nothing after them could be committed until a rebalance.  The worker is told to stop (a
+    restart reads the partition again); not when the partition was being revoked anyway."""
+    pending, log, fenced = Pending(n_groups=1), [], []
+    outbox = Outbox(Settings(pages_topic="in"), Topics("u", "n", "v", "d"), pending, on_fenced=fenced.append)
+    outbox.assign({0})
+    outbox.start(0, 0)
+    for offset in range(3):
+        req = pending.add_page(0, offset, page_id=f"p{offset}", url="http://a/", fingerprint=1, key=b"k", value=b"v")
+        pending.answer_one(req, 0, -1)
+
+    class Fenced(RefusingProducer):
+        async def commit_transaction(self) -> None:
+            if revoked:  # a revocation began meanwhile (it waits for this flush)
+                outbox.owned.discard(0)
+            raise ProducerFenced()
+
+    async def producer(partition):
+        return outbox._producers.setdefault(partition, Fenced(log, {}))
+
+    outbox._producer = producer
+    assert asyncio.run(outbox.flush(0)) == 0
+    assert not log and not pending.ready(0)
+    assert fenced == ([] if revoked else [0])

@@ -654,3 +654,20 @@ def test_every_fingerprinting_process_gets_a_batch_of_a_backlog(tmp_path, monkey
     finally:
         gate.set()
         worker.close()
+
+
+def test_a_fenced_output_producer_of_an_owned_partition_stops_the_worker(worker, monkeypatch):
+    crashes: list[BaseException] = []
+
+    async def crash(e: BaseException) -> None:
+        crashes.append(e)
+
+    monkeypatch.setattr(worker.app, "crash", crash)
+
+    async def scenario() -> None:
+        assert worker.outbox.on_fenced is not None
+        worker.outbox.on_fenced(1)
+        await asyncio.sleep(0)
+
+    asyncio.run(scenario())
+    assert len(crashes) == 1 and "pages partition 1 was fenced" in str(crashes[0])

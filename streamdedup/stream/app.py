@@ -225,7 +225,9 @@ class Worker:
             self.pending,
             on_sent=self._on_sent,
             on_error=lambda: self.metrics.errors.labels("answers").inc(),
+            on_fenced=self._fenced,
         )
+        self._crashing: asyncio.Future | None = None
         self._buffer: list[Any] = []
         self._taken: dict[int, set[int]] = {}  # input partition -> offsets taken and not yet committed
         # bumped at every revocation: work started under an earlier assignment is dropped, never
@@ -1028,6 +1030,20 @@ class Worker:
                 )
             self._kick(partial=True)  # the records read, and those held behind the hole if it is closed now
             self.outbox.schedule(partition)
+
+    def _fenced(self, partition: int) -> None:
+        """The output producer of an input partition this worker still owns was fenced: its
+        transaction ran past the broker's timeout (the worker stalled), or another worker took the
+        partition over without this one seeing it.  Either way the records it dropped would be
+        read again only at a rebalance, and none after them committed: stop, so that a restart
+        rejoins the group and reads the partition again from its committed offset."""
+        message = (
+            f"the output producer of pages partition {partition} was fenced while this worker still owns the "
+            "partition (a transaction ran past the broker's timeout, or another worker took it over): stopping, "
+            "so that a restart rejoins the group and reads the partition again from its committed offset"
+        )
+        log.critical("%s", message)
+        self._crashing = asyncio.ensure_future(self.app.crash(RuntimeError(message)))
 
     async def _fingerprint(self, contents: list) -> Fingerprinted:
         """:func:`fingerprint_contents` in the pool.  A batch whose process died is run again in

@@ -90,9 +90,13 @@ class Outbox:
         pending: Pending,
         on_sent: Callable[[list[Waiting]], None] | None = None,
         on_error: Callable[[], None] | None = None,
+        on_fenced: Callable[[int], None] | None = None,
     ) -> None:
         self.settings, self.topics, self.pending, self.on_sent = settings, topics, pending, on_sent
         self.on_error = on_error
+        # a partition's producer fenced while the partition is still ours (no revocation came):
+        # its transaction timed out, or another worker took it over unseen (the worker stops)
+        self.on_fenced = on_fenced
         self._producers: dict[int, AIOKafkaProducer] = {}
         self._locks: dict[int, asyncio.Lock] = {}
         self._retry: dict[int, asyncio.TimerHandle] = {}
@@ -220,6 +224,10 @@ class Outbox:
                     log.warning("partition %d: fenced by a newer owner; dropping its waiting pages", partition)
                     self.pending.drop(partition)
                     await self._close(partition)
+                    # still ours: nothing would read the dropped records again (they count as
+                    # delivered) and nothing after them could be committed, until a rebalance
+                    if partition in self.owned and self.on_fenced is not None:
+                        self.on_fenced(partition)
                     break
                 except KafkaError as e:
                     log.warning("partition %d: transaction failed (%r); retrying in 1s", partition, e)
