@@ -278,3 +278,36 @@ def test_any_interleaving_releases_each_partition_in_offset_order_exactly_once(r
     for part, got in released.items():
         assert got == [offsets[i] for i, r in enumerate(records) if r[0] == part]  # all, once, in order
     assert len(p) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["page", "bad", "fail", "release", "drop"]),
+            st.integers(0, 2),
+            st.integers(0, 30),
+            st.integers(0, 500),
+        )
+    )
+)
+def test_bytes_held_are_the_values_of_the_records_held(ops):
+    """(The worker pauses its partitions on them: a count that drifts would pause it for good,
+    or never.)"""
+    p = Pending(n_groups=1)
+    for op, partition, offset, size in ops:
+        value = b"v" * size
+        if op == "page":
+            req = p.add_page(partition, offset, page_id="a", url="u", fingerprint=1, key=None, value=value)
+            if req is not None:
+                p.answer_one(req, 0, -1)
+        elif op == "bad":
+            p.add_bad(partition, offset, "not_json", "x", key=None, value=value)
+        elif op == "fail":
+            p.fail(partition, offset, "internal_error", "x", key=None, value=value)
+        elif op == "release":
+            ready = p.ready(partition)
+            p.release(partition, ready[: offset % 4])
+        else:
+            p.drop(partition)
+        assert p.bytes == sum(len(w.value) for part in p._parts.values() for w in part.values())

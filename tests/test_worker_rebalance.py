@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from streamdedup.settings import Settings
 from streamdedup.stream import app as app_module
 from streamdedup.stream import pool as pool_module
-from streamdedup.stream.app import Worker
+from streamdedup.stream.app import Worker, _size
 
 
 @dataclass
@@ -671,3 +671,46 @@ def test_a_fenced_output_producer_of_an_owned_partition_stops_the_worker(worker,
 
     asyncio.run(scenario())
     assert len(crashes) == 1 and "pages partition 1 was fenced" in str(crashes[0])
+
+
+def test_large_pages_pause_the_partitions_by_their_bytes_in_smaller_batches(assigned, monkeypatch):
+    """Back-pressure counted records only: 2 x batches in flight x --batch-size records (2,000)
+    of pages legal up to --max-page-bytes (5 MiB) held ~10 GiB before a pause.  Now the bytes
+    held also pause the partitions and stop new batches, and a batch takes at most BATCH_BYTES."""
+    worker = assigned
+    monkeypatch.setattr(app_module, "MAX_HELD_BYTES", 4 << 20)
+    monkeypatch.setattr(app_module, "BATCH_BYTES", 1 << 20)
+    paused: list[set] = []
+    worker._assigned = {TP(worker.settings.pages_topic, 0)}
+    monkeypatch.setattr(
+        worker.app, "consumer", SimpleNamespace(pause_partitions=paused.append, resume_partitions=lambda tps: None)
+    )
+    sizes: list[int] = []
+    drain = worker.drain
+
+    async def counted(events, generation=None):
+        sizes.append(len(events))
+        return await drain(events, generation)
+
+    monkeypatch.setattr(worker, "drain", counted)
+
+    def big(offset: int) -> Event:
+        page = {"url": f"http://big.test/{offset}", "content": f"<p>page {offset} words</p>" + "x" * (256 << 10)}
+        return Event(Message(0, offset, page["url"].encode(), json.dumps(page).encode()))
+
+    async def scenario() -> None:
+        for offset in range(100, 160):  # no answers come: nothing is released
+            if paused:
+                break
+            worker._deliver(big(offset))
+            await asyncio.sleep(0)
+        await until(lambda: not worker._in_flight, "the batches judged", worker=worker)
+
+    asyncio.run(scenario())
+    assert paused and len(worker.pending) + len(worker._buffer) < 2 * worker._max_waiting  # by bytes, not count
+    held = worker.pending.bytes + worker._buffered_bytes
+    assert held == sum(_size(e) for e in worker._buffer) + sum(
+        len(w.value) for part in worker.pending._parts.values() for w in part.values()
+    )
+    assert held < (4 << 20) + 2 * (1 << 20)  # (the limit, plus the batches that were under way)
+    assert sizes and max(sizes) <= 4  # 1 MiB of 256 KiB pages

@@ -90,6 +90,7 @@ class Pending:
         self._requests: dict[int, Waiting] = {}
         self._prefix = int.from_bytes(os.urandom(4), "little") << 32
         self._counter = itertools.count(1)
+        self.bytes = 0  # of the values of the records held (the input's bytes: the worker's back-pressure)
 
     def __len__(self) -> int:
         return sum(len(p) for p in self._parts.values())
@@ -100,6 +101,7 @@ class Pending:
             return False
         last = next(reversed(part)) if part else None
         part[w.offset] = w
+        self.bytes += len(w.value)
         if last is not None and w.offset < last:  # rare (an internal error's dead letter): keep offset order
             self._parts[w.partition] = OrderedDict(sorted(part.items()))
         return True
@@ -278,12 +280,14 @@ class Pending:
         """Forget records returned by :meth:`ready` once their outputs are committed."""
         part = self._parts.get(partition, OrderedDict())
         for w in records:
-            part.pop(w.offset, None)
+            if part.pop(w.offset, None) is not None:
+                self.bytes -= len(w.value)
 
     def drop(self, partition: int) -> int:
         """Forget a partition (revoked: its records will be redelivered to its new owner)."""
         part = self._parts.pop(partition, OrderedDict())
         for w in part.values():
+            self.bytes -= len(w.value)
             if w.request is not None:
                 self._requests.pop(w.request, None)
         return len(part)

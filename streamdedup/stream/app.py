@@ -87,6 +87,14 @@ LOCAL_HANDOVER = 2.0
 PARTITION_SILENCE = 10.0
 OFFSETS_TIMEOUT = 10.0  # seconds a rebalance callback waits for an offsets request
 HOLE_RECHECK_SECONDS = 1.0  # a hole in a pages partition is read after this (see _fill_holes)
+#: Input bytes the worker holds (read and not committed yet: buffered, and waiting in Pending) at
+#: which it pauses its pages partitions, whatever their count: the
+#: count alone (2 x batches in flight x --batch-size records) let a burst of large pages, legal
+#: up to --max-page-bytes (5 MiB), hold ~10 GiB.  Typical pages (tens of KiB) never reach it.
+MAX_HELD_BYTES = 256 * 1024 * 1024
+#: The most input bytes in one batch (at least one record): a batch of --batch-size large
+#: pages would hold gigabytes (and their copies in the fingerprinting process)
+BATCH_BYTES = 32 * 1024 * 1024
 HOLE_READS = 3  # reads of a hole that fail before the worker gives up on it (commits past it, loudly)
 FAILED = -2  # an answer row's distance when its shard gave up on the probe (the id column holds why)
 #: test hook, never set in production: ``<stage>:<n>`` makes that stage (shard, answers) raise on
@@ -229,6 +237,7 @@ class Worker:
         )
         self._crashing: asyncio.Future | None = None
         self._buffer: list[Any] = []
+        self._buffered_bytes = 0  # of the values of the events in _buffer and _fillers
         self._taken: dict[int, set[int]] = {}  # input partition -> offsets taken and not yet committed
         # bumped at every revocation: work started under an earlier assignment is dropped, never
         # mixed into the next one (its records are read again from the committed offset)
@@ -462,6 +471,7 @@ class Worker:
             gone = {tp.partition for tp in revoked if tp.topic == s.pages_topic}
             self._buffer = [e for e in self._buffer if e.message.partition not in gone]
             self._fillers = [e for e in self._fillers if e.message.partition not in gone]
+            self._buffered_bytes = sum(_size(e) for e in self._buffer) + sum(_size(e) for e in self._fillers)
             commits = {}
             for p in gone:
                 self._taken.pop(p, None)  # a new assignment starts again from the committed offset
@@ -881,28 +891,50 @@ class Worker:
         if self._fillers and self._in_flight < self._max_in_flight:
             self._fillers = self._with_fillers()
         while self._fillers and self._in_flight < self._max_in_flight:  # they hold back the commits
-            events, self._fillers = _before_holes(self._fillers, size, holes)
+            events, self._fillers = _before_holes(self._fillers, self._fitting(self._fillers, size), holes)
             if not events:
                 break
+            self._buffered_bytes -= sum(_size(e) for e in events)
             self._in_flight += 1
             task = asyncio.get_running_loop().create_task(self.drain(events, self._generation))
             task.add_done_callback(self._drained)
         while self._buffer and self._in_flight < self._max_in_flight and len(self.pending) < self._max_waiting:
-            events, rest = _before_holes(self._buffer, size, holes)
-            if not events or not (partial or len(events) >= size):
+            fits = self._fitting(self._buffer, size)
+            events, rest = _before_holes(self._buffer, fits, holes)
+            if not events or not (partial or len(events) >= fits):
                 break
             self._buffer = rest
+            self._buffered_bytes -= sum(_size(e) for e in events)
             self._in_flight += 1
             task = asyncio.get_running_loop().create_task(self.drain(events, self._generation))
             task.add_done_callback(self._drained)
         backlog = len(self.pending) + len(self._buffer) + len(self._fillers)
+        held = self.pending.bytes + self._buffered_bytes
         tps = {tp for tp in self._assigned if tp.topic == self.settings.pages_topic}
-        if not self._paused and backlog >= 2 * self._max_waiting and tps:
+        if not self._paused and (backlog >= 2 * self._max_waiting or held >= MAX_HELD_BYTES) and tps:
             self.app.consumer.pause_partitions(tps)
             self._paused = True
-        elif self._paused and backlog < self._max_waiting and cast(Any, self.app.tables).recovery.completed.is_set():
+        elif (
+            self._paused
+            and backlog < self._max_waiting
+            and held < MAX_HELD_BYTES // 2
+            and cast(Any, self.app.tables).recovery.completed.is_set()
+        ):
             self._paused = False
             asyncio.get_running_loop().create_task(self._resume(tps, self._generation))
+
+    def _fitting(self, events: list, size: int) -> int:
+        """How many of the first ``size`` events a batch takes: all, unless their values pass
+        :data:`BATCH_BYTES` (then those within it, at least one).  (Summed only when everything
+        buffered passes it: never for pages of tens of KiB.)"""
+        if self._buffered_bytes <= BATCH_BYTES:
+            return size
+        total = 0
+        for n, e in enumerate(events[:size]):
+            total += _size(e)
+            if total > BATCH_BYTES:
+                return max(1, n)
+        return size
 
     def _with_fillers(self) -> list:
         """The fillers (records read into a hole) in offset order, with the buffered records of
@@ -949,9 +981,10 @@ class Worker:
         if delivery is Delivery.DUPLICATE:  # read again (a seek back): buffered or judged already
             return
         (self._fillers if delivery is Delivery.FILLER else self._buffer).append(event)
+        self._buffered_bytes += _size(event)
         self._seen[m.partition] = max(self._seen.get(m.partition, 0), m.offset + 1)
         self._watch_holes(m.partition)
-        if len(self._buffer) >= self.settings.batch_size or self._fillers:
+        if len(self._buffer) >= self.settings.batch_size or self._fillers or self._buffered_bytes > BATCH_BYTES:
             self._kick()
 
     def _watch_holes(self, partition: int) -> None:
@@ -1001,7 +1034,9 @@ class Worker:
             if generation != self._generation or self.outbox.offsets.get(partition) is not offsets:
                 return
             found = [r for r in records if offsets.deliver(r.offset) is not Delivery.DUPLICATE]
-            self._fillers += [_Reread(_ReadMessage.of(r)) for r in found]
+            read = [_Reread(_ReadMessage.of(r)) for r in found]
+            self._fillers += read
+            self._buffered_bytes += sum(_size(e) for e in read)
             if found:
                 failures = 0  # progress: only reads that bring nothing count towards giving up
             if gone := offsets.missing(first, last):
@@ -1491,6 +1526,11 @@ class _ReadMessage:
 @dataclass
 class _Reread:
     message: _ReadMessage
+
+
+def _size(event: Any) -> int:
+    """Bytes of an event's value (what holding it costs)."""
+    return len(event.message.value or b"")
 
 
 def _before_holes(events: list, size: int, holes: dict[int, int]) -> tuple[list, list]:
