@@ -204,8 +204,9 @@ def test_an_offset_a_read_shows_to_hold_no_record_is_skipped(assigned, caplog):
     assert "offsets 2 hold no record" in caplog.text
 
 
-def test_a_hole_that_cannot_be_read_is_given_up_after_bounded_retries(assigned, caplog):
+def test_a_hole_that_cannot_be_read_is_given_up_after_bounded_retries(assigned, caplog, monkeypatch):
     worker = assigned
+    monkeypatch.setattr(app_module, "HOLE_ERRORS_SECONDS", 0.0)  # (the reads fail at once: errors)
     worker.outbox.read_range, reads = reader(1, set(), fail=True)
 
     async def scenario() -> None:
@@ -218,6 +219,28 @@ def test_a_hole_that_cannot_be_read_is_given_up_after_bounded_retries(assigned, 
     asyncio.run(scenario())
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any("partition 1: offsets 2-4 were not delivered and could not be read" in m for m in warnings)
+
+
+def test_a_hole_whose_reads_fail_for_a_short_while_is_read_once_the_broker_is_back(assigned):
+    """A broker away for a few seconds while a hole was open: its reads failed at once, and after
+    HOLE_READS of them the worker committed past the hole's records without an outcome."""
+    worker = assigned
+    failing, reads = reader(1, set(), fail=True)
+    working, _ = reader(1, set(range(10)))
+
+    async def read_range(p: int, first: int, last: int, timeout: float = 10.0):
+        if len(reads) < 2 * app_module.HOLE_READS:  # the broker comes back after twice that many
+            return await failing(p, first, last, timeout)
+        return await working(p, first, last, timeout)
+
+    worker.outbox.read_range = read_range
+
+    async def scenario() -> None:
+        deliver(worker, 1, [0, 1, 5])
+        await until(lambda: waiting_offsets(worker, 1) == [0, 1, 2, 3, 4, 5], "the hole read", worker=worker)
+        assert worker.metrics.offsets_skipped.labels("unread")._value.get() == 0
+
+    asyncio.run(scenario())
 
 
 def test_reads_that_make_progress_are_not_counted_as_failures(assigned):

@@ -96,6 +96,9 @@ MAX_HELD_BYTES = 256 * 1024 * 1024
 #: pages would hold gigabytes (and their copies in the fingerprinting process)
 BATCH_BYTES = 32 * 1024 * 1024
 HOLE_READS = 3  # reads of a hole that fail before the worker gives up on it (commits past it, loudly)
+#: ... if they failed for an error (the broker away), only once they have failed this long: a
+#: blip of a few seconds while a hole was open made the worker commit past its records
+HOLE_ERRORS_SECONDS = 300.0
 FAILED = -2  # an answer row's distance when its shard gave up on the probe (the id column holds why)
 #: test hook, never set in production: ``<stage>:<n>`` makes that stage (shard, answers) raise on
 #: its first n batches; ``<stage>:id=<text>`` on every batch holding a page whose id contains text;
@@ -1009,8 +1012,9 @@ class Worker:
         hands out records fetched before its seek back to the committed offset.  An offset the
         read passes without a record (a transaction marker, or compacted) is let be; one that
         HOLE_READS reads in a row cannot reach is given up with a warning, so a partition is
-        never stuck for good."""
-        failures = 0
+        never stuck for good (reads that fail for an error give up only after
+        HOLE_ERRORS_SECONDS of them)."""
+        failures, erring_since = 0, None
         while True:
             await asyncio.sleep(HOLE_RECHECK_SECONDS)
             offsets = self.outbox.offsets.get(partition)
@@ -1028,9 +1032,11 @@ class Worker:
             )
             try:
                 records, reached = await self.outbox.read_range(partition, first, last)
+                erring_since = None
             except Exception as e:
                 log.warning("partition %d: cannot read offsets %d to %d (%r)", partition, first, last, e)
                 records, reached = [], False
+                erring_since = time.monotonic() if erring_since is None else erring_since
             if generation != self._generation or self.outbox.offsets.get(partition) is not offsets:
                 return
             found = [r for r in records if offsets.deliver(r.offset) is not Delivery.DUPLICATE]
@@ -1048,7 +1054,9 @@ class Worker:
                     )
                     self.metrics.offsets_skipped.labels("empty").inc(len(gone))
                     offsets.mark_empty(gone)
-                elif (failures := failures + 1) >= HOLE_READS:
+                elif (failures := failures + 1) >= HOLE_READS and (
+                    erring_since is None or time.monotonic() - erring_since >= HOLE_ERRORS_SECONDS
+                ):
                     log.warning(
                         "partition %d: offsets %s were not delivered and could not be read %d times; "
                         "committing past them without an outcome",
