@@ -28,6 +28,7 @@ from streamdedup.fingerprinting.pages import Fingerprints
 from streamdedup.fingerprinting.text import Utf8Text
 from streamdedup.index.bands import BandScheme
 from streamdedup.pipeline.pending import Pending
+from streamdedup.pipeline.routing import safe_key
 from streamdedup.pipeline.shard import Plan
 from streamdedup.pipeline.wire import PROBES, Batch
 
@@ -83,6 +84,7 @@ def parse(records: Sequence[Record], max_bytes: int) -> Parsed:
     for r in records:
         page, error, fetched = None, None, 0
         try:
+            _check_headers(r.headers)
             if r.value is None:
                 raise RecordError("empty", "the record has no value (a tombstone)")
             page = page_from_json(r.value, max_bytes)
@@ -96,6 +98,17 @@ def parse(records: Sequence[Record], max_bytes: int) -> Parsed:
         out.errors.append(error)
         out.fetched.append(fetched)
     return out
+
+
+def _check_headers(headers: Sequence[tuple[str, bytes]]) -> None:
+    """A header key that is not UTF-8 (read with ``surrogateescape``:
+    :mod:`streamdedup.stream.lenient_records`) makes the record a ``not_utf8`` dead letter."""
+    for key, _ in headers:
+        if not key.isascii():
+            try:
+                key.encode("utf-8")
+            except UnicodeEncodeError:
+                raise RecordError("not_utf8", f"a header key is not UTF-8: {safe_key(key)}") from None
 
 
 class Fingerprinted(NamedTuple):

@@ -32,6 +32,7 @@ from streamdedup.fingerprinting.simhash import to_hex
 from streamdedup.pipeline.pending import Waiting
 
 __all__ = [
+    "safe_key",
     "match_distance",
     "HEADER_PREFIX",
     "TRUNCATED_BYTES",
@@ -94,13 +95,29 @@ def match_distance(w: Waiting) -> int | None:
     return None if w.best is None or w.fingerprint is None else (w.fingerprint ^ w.best[3]).bit_count()
 
 
+def safe_key(key: str) -> str:
+    """A header key as it can be written: itself, or, if it holds bytes that were not UTF-8
+    (read with ``surrogateescape``), those bytes as ``\\xNN`` escapes.
+
+    >>> safe_key("crawler-run"), safe_key(b"\\xff\\xfe-k".decode("utf-8", "surrogateescape"))
+    ('crawler-run', '\\\\xff\\\\xfe-k')
+    """
+    if key.isascii():
+        return key
+    try:
+        key.encode("utf-8")
+        return key
+    except UnicodeEncodeError:
+        return key.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def outputs(w: Waiting, topics: Topics, shrink: int = 0) -> list[Output]:
     """The records to send for one done record, in order.
 
     ``shrink`` (dead letters only): 0 as it came, 1 the value cut to :data:`TRUNCATED_BYTES`,
     2 no value, the key cut to 1 KiB and no input headers.
     """
-    kept = [(k, v) for k, v in w.headers if not k.startswith(HEADER_PREFIX)]  # never trust upstream verdicts
+    kept = [(safe_key(k), v) for k, v in w.headers if not k.startswith(HEADER_PREFIX)]  # never trust upstream verdicts
     if w.reason is not None:
         key, value = w.key, w.value
         ours = [

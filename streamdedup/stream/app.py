@@ -47,6 +47,7 @@ from streamdedup.pipeline.routing import Topics, match_distance
 from streamdedup.pipeline.shard import WORKER_DESIGN, Plan, ShardPlan, ShardStep, shard_step
 from streamdedup.pipeline.wire import ANSWERS, CHANGELOG, CHECKS, PROBES, Batch, decode, encode, kind_of
 from streamdedup.settings import Settings
+from streamdedup.stream import lenient_records
 from streamdedup.stream.check import Checker
 from streamdedup.stream.connection import (
     committed_offsets,
@@ -220,6 +221,7 @@ class Worker:
 
     def __post_init__(self) -> None:
         s = self.settings
+        lenient_records.install()  # a record whose header key is not UTF-8 stopped the worker
         self.bands = band_scheme(s)
         self.plan = (
             ShardPlan(table_design(s), s.partitions) if self.bands is None else BandPlan(self.bands, s.partitions)

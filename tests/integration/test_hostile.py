@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -31,7 +32,7 @@ from collections import Counter, defaultdict
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from stream_harness import StreamTopics, WorkerProcess, page_record
+from stream_harness import StreamTopics, WorkerProcess, page_record, wait_for_verdicts
 
 from streamdedup.pipeline.routing import OUTPUT_OVERHEAD_BYTES, TRUNCATED_BYTES
 
@@ -285,3 +286,30 @@ def test_worker_refuses_a_max_page_bytes_its_output_topics_cannot_carry(kafka, t
     assert "max.message.bytes" in r.stderr and "--max-page-bytes" in r.stderr, r.stderr[-2000:]
     assert topics.unique in r.stderr
     assert str(1048588 - OUTPUT_OVERHEAD_BYTES) in r.stderr  # the largest --max-page-bytes that fits
+
+
+def test_a_header_key_that_is_not_utf8_is_a_dead_letter_not_a_stopped_worker(kafka, tmp_path):
+    """Java producers write header keys as Strings; kcat (librdkafka) writes any bytes, and the
+    broker keeps them.  aiokafka's parser raised on such a key in faust's fetcher: the worker
+    stopped, judged nothing of the fetch, and stopped again at every start."""
+    kcat = shutil.which("kcat")
+    assert kcat, "kcat is missing: run deploy/local/install-debian-packages.sh (make install does)"
+    topics = StreamTopics.fresh(kafka, partitions=1)
+    before, after = _valid(1), _valid(2)
+    hostile = json.dumps(page_record("http://hostile.example/header", f"<p>{_words(3)}</p>")).encode()
+
+    def kcat_send(key: bytes, value: bytes, header: bytes) -> None:
+        argv = [kcat.encode(), b"-b", kafka.bootstrap.encode(), b"-P", b"-t", topics.pages.encode(), b"-p", b"0"]
+        subprocess.run([*argv, b"-k", key, b"-H", header], input=value, check=True, timeout=60)
+
+    kcat_send(b"before", json.dumps(before).encode(), b"crawler-run=42")
+    kcat_send(b"hostile", hostile, b"\xff\xfe-run=42")
+    kcat_send(b"after", json.dumps(after).encode(), b"crawler-run=42")
+    with WorkerProcess(kafka, topics, tmp_path) as w:
+        out = wait_for_verdicts(kafka, topics, 2, timeout=90, dead_letters=1)
+        assert w.proc.poll() is None  # still running
+    assert sorted(out["verdicts"]) == [before["url"], after["url"]]
+    (dead,) = out["dead"]
+    headers = dict(dead.headers)
+    assert dead.key == b"hostile" and dead.value == hostile
+    assert headers["streamdedup-reason"] == b"not_utf8" and headers["\\xff\\xfe-run"] == b"42"
