@@ -11,7 +11,7 @@ import time
 import pool_faults
 import pytest
 from prometheus_client import CollectorRegistry
-from test_worker_rebalance import Topic, events
+from test_worker_rebalance import events, stubbed
 
 from streamdedup.pipeline.intake import PROCESS_DIED
 from streamdedup.settings import Settings
@@ -35,10 +35,7 @@ def test_close_returns_once_the_pool_has_ended_so_the_exit_hook_finds_its_pipe_c
 
 @pytest.fixture
 def pooled(tmp_path):
-    w = Worker(Settings(data_dir=tmp_path, fingerprint_processes=1, partitions=2), registry=CollectorRegistry())
-    w.probes_topic = Topic()  # no Kafka: probes are counted, flushes never run
-    w.outbox.schedule = lambda partition: None
-    w.outbox.owned = {0, 1}
+    w = stubbed(tmp_path, processes=1)
     yield w
     w.close()
 

@@ -292,15 +292,21 @@ def test_a_snapshot_of_strings_in_memory_loads_into_string_files(tmp_path):
     assert all(g.texts.path is not None for g in loaded._groups.values())
 
 
-@pytest.mark.parametrize("suffix", ["", ".ends", ".fetched", ".idhash"])
-@pytest.mark.parametrize("damage", HOW)
-def test_a_missing_damaged_or_foreign_string_file_is_refused(tmp_path, damage, suffix):
+def saved_with_string_files(tmp_path) -> ShardPlan:
+    """A shard of 200 pages with its string files under ``tmp_path / "s"``, saved to ``s.npz``."""
     plan = ShardPlan(TableDesign.named("16"), 1)
     fps, fetched, id_hash, ids = pages(14, 200)
     live = Shard(plan, str(tmp_path / "s"))
     answer_all(live, plan, fps, fetched, id_hash, ids)
     live.save(tmp_path / "s.npz")
     live.close()
+    return plan
+
+
+@pytest.mark.parametrize("suffix", ["", ".ends", ".fetched", ".idhash"])
+@pytest.mark.parametrize("damage", HOW)
+def test_a_missing_damaged_or_foreign_string_file_is_refused(tmp_path, damage, suffix):
+    plan = saved_with_string_files(tmp_path)
     damage_file(tmp_path / f"s.g2.strings{suffix}", damage)
     why = {"missing": "cannot open the (string|column) file", "short": "is shorter", "foreign": "does not hold"}[damage]
     if suffix == ".ends" and damage == "foreign":  # (other ends can also name a size the data file lacks)
@@ -312,12 +318,7 @@ def test_a_missing_damaged_or_foreign_string_file_is_refused(tmp_path, damage, s
 def test_a_string_ends_file_whose_last_end_is_negative_is_refused(tmp_path):
     """(The size it gives was handed to ftruncate, whose OSError a snapshot load did not take
     for damage: the worker failed at every assignment instead of rebuilding the shard.)"""
-    plan = ShardPlan(TableDesign.named("16"), 1)
-    fps, fetched, id_hash, ids = pages(14, 200)
-    live = Shard(plan, str(tmp_path / "s"))
-    answer_all(live, plan, fps, fetched, id_hash, ids)
-    live.save(tmp_path / "s.npz")
-    live.close()
+    plan = saved_with_string_files(tmp_path)
     ends = tmp_path / "s.g2.strings.ends"
     raw = bytearray(ends.read_bytes())
     raw[-8:] = b"\xff" * 8

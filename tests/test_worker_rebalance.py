@@ -59,12 +59,18 @@ class Topic:
         return "probes"
 
 
-@pytest.fixture
-def worker(tmp_path):
-    w = Worker(Settings(data_dir=tmp_path, fingerprint_processes=0, partitions=2), registry=CollectorRegistry())
-    w.probes_topic = Topic()  # no Kafka: probes are counted, flushes never run
+def stubbed(tmp_path, processes: int = 0) -> Worker:
+    """A Worker of 2 partitions with no Kafka: probes are counted, flushes never run."""
+    w = Worker(Settings(data_dir=tmp_path, fingerprint_processes=processes, partitions=2), registry=CollectorRegistry())
+    w.probes_topic = Topic()
     w.outbox.schedule = lambda partition: None
     w.outbox.owned = {0, 1}
+    return w
+
+
+@pytest.fixture
+def worker(tmp_path):
+    w = stubbed(tmp_path)
     yield w
     w.close()
 
@@ -277,28 +283,6 @@ def test_a_hole_is_filled_even_when_back_pressure_stops_new_batches(assigned):
     asyncio.run(scenario())
 
 
-def test_records_after_a_hole_wait_for_it_and_are_judged_in_offset_order(assigned):
-    """A page is stored where its offset puts it, also when the consumer skipped a record before
-    it (the order rule: with one partition the verdicts are scan's on the partition's order)."""
-    worker = assigned
-    worker.outbox.read_range, reads = reader(1, set(range(10)))
-    order: list[tuple[int, int]] = []
-    add_page = worker.pending.add_page
-
-    def registered(partition: int, offset: int, **kwargs):
-        order.append((partition, offset))
-        return add_page(partition, offset, **kwargs)
-
-    worker.pending.add_page = registered  # type: ignore[method-assign]
-
-    async def scenario() -> None:
-        deliver(worker, 1, [0, 1, 2, 4, 5])
-        await until(lambda: waiting_offsets(worker, 1) == [0, 1, 2, 3, 4, 5], "3, 4 and 5 judged", worker=worker)
-        assert order == [(1, o) for o in range(6)]
-
-    asyncio.run(scenario())
-
-
 def registration_order(worker: Worker) -> list[tuple[int, int]]:
     """(partition, offset) of each page as the worker registers it (the order its probes go
     out in, so the order the shards store the pages in)."""
@@ -311,6 +295,21 @@ def registration_order(worker: Worker) -> list[tuple[int, int]]:
 
     worker.pending.add_page = registered  # type: ignore[method-assign]
     return order
+
+
+def test_records_after_a_hole_wait_for_it_and_are_judged_in_offset_order(assigned):
+    """A page is stored where its offset puts it, also when the consumer skipped a record before
+    it (the order rule: with one partition the verdicts are scan's on the partition's order)."""
+    worker = assigned
+    worker.outbox.read_range, reads = reader(1, set(range(10)))
+    order = registration_order(worker)
+
+    async def scenario() -> None:
+        deliver(worker, 1, [0, 1, 2, 4, 5])
+        await until(lambda: waiting_offsets(worker, 1) == [0, 1, 2, 3, 4, 5], "3, 4 and 5 judged", worker=worker)
+        assert order == [(1, o) for o in range(6)]
+
+    asyncio.run(scenario())
 
 
 def test_records_before_a_hole_held_by_back_pressure_are_judged_before_its_fillers(assigned):
