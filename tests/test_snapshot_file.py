@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -105,3 +109,33 @@ def test_a_snapshot_in_the_earlier_npz_format_still_loads(tmp_path):
         meta == {"offset": 4}
         and loaded.probe_and_insert(*args, store=False).ids == shard.probe_and_insert(*args, store=False).ids
     )
+
+
+def test_a_write_that_fails_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """(A full disk: the half-written file kept the space it had, beside the old snapshot.)"""
+    from streamdedup.pipeline import snapshot_file
+
+    write_arrays(tmp_path / "s.shard", {"a": np.arange(10)}, {"offset": 1})
+    real, calls = snapshot_file._raw, []
+
+    def full(a):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(a)
+
+    monkeypatch.setattr(snapshot_file, "_raw", full)
+    with pytest.raises(OSError, match="No space"):
+        write_arrays(tmp_path / "s.shard", {"a": np.arange(20)}, {"offset": 2})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.shard"]
+    assert read_arrays(tmp_path / "s.shard")[1]["offset"] == 1  # the old snapshot, whole
+
+
+def test_temporary_files_of_processes_that_are_gone_are_removed_at_the_next_write(tmp_path):
+    """(A worker SIGKILLed mid-write left one; each can be as large as a snapshot.)"""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead, alive = int(gone.stdout), os.getppid()
+    for pid in (dead, alive):
+        (tmp_path / f"s.shard.tmp-{pid}").write_bytes(b"half a snapshot")
+    write_arrays(tmp_path / "s.shard", {"a": np.arange(3)}, {"offset": 0})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.shard", f"s.shard.tmp-{alive}"]

@@ -12,6 +12,8 @@ what the header says is refused with ValueError.
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import json
 import os
 import struct
@@ -57,14 +59,36 @@ def write_arrays(path: os.PathLike[str] | str, arrays: dict[str, np.ndarray], me
     header = json.dumps({"arrays": entries, "meta": meta}).encode()
     start = _aligned(len(MAGIC) + 8 + len(header))
     path = os.fspath(path)
+    _remove_stale_temps(path)
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(MAGIC + struct.pack("<Q", len(header)) + header)
-        for entry, a in zip(entries, contiguous.values()):
-            f.seek(start + entry["offset"])
-            f.write(_raw(a) if a.nbytes else b"")
-        f.truncate(start + offset)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(MAGIC + struct.pack("<Q", len(header)) + header)
+            for entry, a in zip(entries, contiguous.values()):
+                f.seek(start + entry["offset"])
+                f.write(_raw(a) if a.nbytes else b"")
+            f.truncate(start + offset)
+        os.replace(tmp, path)
+    except BaseException:  # (a full disk: the half-written file would hold the space it has)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _remove_stale_temps(path: str) -> None:
+    """Remove ``path``'s temporary files left by processes that are gone (a SIGKILL mid-write):
+    each can be as large as a snapshot, on a disk that may be full already."""
+    for tmp in glob.glob(glob.escape(path) + ".tmp-*"):
+        pid = tmp.rsplit(".tmp-", 1)[1]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        except PermissionError:  # (alive, another user's)
+            pass
 
 
 def read_arrays(path: os.PathLike[str] | str) -> tuple[dict[str, np.ndarray], dict]:
