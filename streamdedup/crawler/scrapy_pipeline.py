@@ -39,6 +39,7 @@ import functools
 import logging
 import threading
 from collections import Counter
+from concurrent import futures
 from concurrent.futures import Future
 from datetime import UTC, datetime
 from typing import Any
@@ -80,6 +81,8 @@ class StreamdedupPipeline:
         self.settings, self.stats = settings, stats
         quiet_kafka_logs(settings)
         self._slots = threading.BoundedSemaphore(MAX_PENDING)
+        self._sending: set[Future] = set()  # sends not done yet (close_spider waits for them)
+        self._sending_lock = threading.Lock()
         self._bad: Counter[str] = Counter()  # (_bad and _failed change on the Kafka thread only)
         self._failed = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -104,6 +107,11 @@ class StreamdedupPipeline:
             raise
 
     def close_spider(self, spider: Any = None) -> None:
+        with self._sending_lock:
+            sending = list(self._sending)
+        # first every send, then the producer: its stop() closes the batch queue, and the sends
+        # still waiting for room in a full batch failed with ProducerClosed (their pages lost)
+        futures.wait(sending, timeout=WAIT)
         try:
             asyncio.run_coroutine_threadsafe(self._producer.stop(), self._running_loop()).result(WAIT)
         finally:
@@ -141,6 +149,8 @@ class StreamdedupPipeline:
         )
         self._slots.acquire()  # blocks the crawl while MAX_PENDING pages are in flight
         sent = asyncio.run_coroutine_threadsafe(self._send(page), self._running_loop())
+        with self._sending_lock:
+            self._sending.add(sent)
         sent.add_done_callback(functools.partial(self._done, url=response.url))
 
     async def _send(self, page: Page) -> None:
@@ -152,6 +162,8 @@ class StreamdedupPipeline:
         return self._loop
 
     def _done(self, sent: Future, url: str) -> None:  # on the Kafka thread
+        with self._sending_lock:
+            self._sending.discard(sent)
         self._slots.release()
         error = sent.exception()
         if isinstance(error, RecordError):

@@ -155,3 +155,30 @@ def test_a_default_crawl_logs_no_page_content(kafka, tmp_path):
     assert not [line for line in quiet.stderr.splitlines() if "[aiokafka" in line and "DEBUG" in line]
     assert [line for line in loud.stderr.splitlines() if "[aiokafka" in line and "DEBUG" in line], "asked for"
     assert len(quiet.stderr) < len(loud.stderr) / 2
+
+
+def test_closing_the_spider_delivers_the_pages_still_waiting_to_be_sent(kafka):
+    """Closing stopped the producer at once: sends still waiting for room in a full batch (pages
+    of a few hundred KiB, or a crawl faster than Kafka) failed with ProducerClosed and their
+    pages were lost, though the pipeline promises to wait until every page is delivered."""
+    from scrapy.http import HtmlResponse, Request
+    from scrapy.settings import Settings as ScrapySettings
+    from scrapy.statscollectors import MemoryStatsCollector
+
+    from streamdedup.crawler.scrapy_pipeline import StreamdedupPipeline
+    from streamdedup.settings import Settings
+
+    topic = kafka.create_topic(unique_name("scrapy-close"), partitions=1)
+    stats = MemoryStatsCollector(type("Crawler", (), {"settings": ScrapySettings(), "stats": None})())
+    settings = Settings.from_sources({}, {"STREAMDEDUP_BROKERS": kafka.bootstrap, "STREAMDEDUP_PAGES_TOPIC": topic})
+    pipeline = StreamdedupPipeline(settings, stats)
+    pipeline.open_spider()
+    urls = [f"http://close.test/{i}" for i in range(60)]
+    for i, url in enumerate(urls):
+        body = f"<p>page {i} " + " ".join(f"word{j}" for j in range(20_000)) + "</p>"  # ~170 KB
+        response = HtmlResponse(url, body=body.encode(), headers={"Content-Type": "text/html; charset=utf-8"})
+        pipeline.response_received(response, Request(url), None)
+    pipeline.close_spider()  # at once: most sends are still waiting
+    assert stats.get_value("streamdedup/failed") is None
+    assert stats.get_value("streamdedup/pages_sent") == len(urls)
+    assert sorted(r.key.decode() for r in read_topic(kafka, topic)) == sorted(urls)
