@@ -126,9 +126,12 @@ def produce(files: tuple[Path, ...], input_format: str, progress: bool | None, *
 async def _produce(settings: Settings, files: tuple[Path, ...], fmt: str, show: bool, report: ProduceReport) -> None:
     t0, producer = time.monotonic(), PageProducer(settings)
     try:
-        async with producer:
+        await producer.start()  # (not ``async with``: the report below says which deliveries failed)
+        try:
             report.connected = True
             await _send_files(producer, files, fmt, show, report)
+        finally:
+            await producer.stop()
     finally:  # (also after a failure: the summary says what did get through)
         report.pages, report.bytes, report.seconds = producer.pages_sent, producer.bytes_sent, time.monotonic() - t0
 

@@ -425,7 +425,10 @@ class PageProducer:
     with ``acks="all"`` and idempotence, so a retry does not write a page twice.  ``kafka_kwargs``
     go to :class:`aiokafka.AIOKafkaProducer` and override everything else, e.g.
     ``PageProducer(bootstrap_servers="127.0.0.1:9092", compression_type="gzip")``.
-    ``pages_sent`` and ``bytes_sent`` count delivered records and their value bytes.
+    ``pages_sent`` and ``bytes_sent`` count delivered records and their value bytes,
+    ``pages_failed`` the records whose delivery failed (``first_failure``: the first error).  Leaving
+    ``async with`` raises :class:`ClientError` if any delivery failed (and nothing else was raised),
+    so a failure is never silent even when the delivery futures are not awaited.
     """
 
     def __init__(
@@ -441,7 +444,8 @@ class PageProducer:
         settings = settings or Settings()
         self.topic = topic or settings.pages_topic
         self.max_bytes = settings.max_page_bytes
-        self.pages_sent = self.bytes_sent = 0
+        self.pages_sent = self.bytes_sent = self.pages_failed = 0
+        self.first_failure: BaseException | None = None
         self._settings = settings
         self._connect_timeout = connect_timeout
         # A record may be max_page_bytes plus its key and headers: let the broker's limit decide.
@@ -480,6 +484,11 @@ class PageProducer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+        if self.pages_failed and exc[0] is None:
+            raise ClientError(
+                f"{self.pages_failed} pages could not be delivered to {self.topic!r} (the first: "
+                f"{self.first_failure!r}); check the broker and the topic's limits, then send them again"
+            )
 
     async def send(
         self, page: Page | Mapping[str, Any] | bytes, headers: Sequence[tuple[str, bytes]] = ()
@@ -497,9 +506,14 @@ class PageProducer:
         return delivery
 
     def _count(self, delivery: asyncio.Future, size: int) -> None:
-        if not delivery.cancelled() and delivery.exception() is None:
+        error = asyncio.CancelledError() if delivery.cancelled() else delivery.exception()
+        if error is None:
             self.pages_sent += 1
             self.bytes_sent += size
+            return
+        self.pages_failed += 1
+        if self.first_failure is None:
+            self.first_failure = error
 
     async def send_many(self, pages: Iterable[Page | Mapping[str, Any] | bytes]) -> list[tuple[int, RecordError]]:
         """Send pages and wait until all are delivered; returns the refused ones as (position, error).

@@ -227,3 +227,26 @@ def test_sasl_settings_from_flags_and_environment(kafka, tmp_path):
     )
     assert right.returncode == 0, right.stderr
     assert [r.key for r in read_topic(kafka, topic)] == [b"http://a/1"]
+
+
+def test_the_client_raises_when_a_page_it_queued_could_not_be_delivered(kafka):
+    """The documented pattern awaits ``send`` (queued) but not the delivery: a delivery the broker
+    refused left ``async with`` quietly, and the page was lost without a sign."""
+    import asyncio
+
+    from streamdedup.client import PageProducer
+    from streamdedup.errors import ClientError
+    from streamdedup.settings import Settings
+
+    topic = kafka.create_topic(unique_name("small"), partitions=1, config={"max.message.bytes": "2000"})
+    settings = Settings.from_sources({}, {"STREAMDEDUP_BROKERS": kafka.bootstrap, "STREAMDEDUP_PAGES_TOPIC": topic})
+    page = {"url": "http://big.test/", "content": "<p>" + "words " * 2000 + "</p>"}
+
+    async def send() -> PageProducer:
+        async with PageProducer(settings) as producer:
+            await producer.send(page)
+        return producer
+
+    with pytest.raises(ClientError, match="1 pages could not be delivered"):
+        asyncio.run(send())
+    assert read_topic(kafka, topic) == []
