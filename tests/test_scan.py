@@ -206,3 +206,36 @@ def test_an_unchanged_refetch_keeps_the_place_of_its_first_fetch(algorithm):
     got = d.process(["a", "a"], ["ua", "ua"], [text, other])
     assert [(v.verdict, v.match_id) for v in got] == [("unique", None), ("unique", None)]
     assert [(v.verdict, v.match_id) for v in d.process(["c"], ["uc"], [other])] == [("near_duplicate", "a")]
+
+
+def _damaged_gzip(path: Path, how: str) -> None:
+    """A .jsonl.gz of 300 pages, cut in half (``truncated``) or with 8 bytes zeroed early in its
+    deflate stream (``corrupt``: zlib's "invalid distance too far back")."""
+    import gzip
+
+    lines = b"".join(
+        json.dumps({"url": f"http://a/{i}", "content": f"<p>page {i} " + f"w{i} " * 50 + "</p>"}).encode() + b"\n"
+        for i in range(300)
+    )
+    raw = bytearray(gzip.compress(lines))
+    if how == "truncated":
+        raw = raw[: len(raw) // 2]
+    else:
+        raw[200:208] = b"\x00" * 8
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("how", ["truncated", "corrupt"])
+def test_a_damaged_gzip_is_a_one_line_error_that_names_the_file(tmp_path, how):
+    """(A truncated one ended with click's bare "Aborted!", a corrupt one with a zlib traceback.)"""
+    src = tmp_path / "pages.jsonl.gz"
+    _damaged_gzip(src, how)
+    result = subprocess.run(
+        [sys.executable, "-m", "streamdedup", "scan", str(src), "--output", str(tmp_path / "out.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert f"{src}: cannot be read to its end" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and "Aborted!" not in result.stderr

@@ -14,6 +14,7 @@ import json
 import logging
 import sys
 import time
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -162,7 +163,7 @@ async def _send_files(
                     bar.update()
                     if count % 64 == 0:
                         await asyncio.sleep(0)  # let the sender task run while batches fill
-            except (OSError, EOFError) as e:
+            except (OSError, EOFError, zlib.error) as e:
                 raise click.ClickException(
                     f"{name}: cannot be read after {unit} {number} ({e}); "
                     "check the file (a truncated gzip?) and its --input-format"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import sys
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -73,6 +74,11 @@ def scan(input: Path, output: Path, input_format: str, progress: bool | None, **
             summary = scan_pages(
                 records, dedup, out, s.batch_size, report_bad, on_progress=lambda n: bar.advance(n, position())
             )
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:  # (click made an EOFError a bare "Aborted!")
+        raise click.ClickException(
+            f"{input}: cannot be read to its end ({type(e).__name__}: {e}); the verdicts before that point "
+            "are written. Check the file (a truncated or damaged gzip?) and its --input-format"
+        ) from None
     finally:
         if out is not sys.stdout:
             out.close()

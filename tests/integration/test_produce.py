@@ -250,3 +250,31 @@ def test_the_client_raises_when_a_page_it_queued_could_not_be_delivered(kafka):
     with pytest.raises(ClientError, match="1 pages could not be delivered"):
         asyncio.run(send())
     assert read_topic(kafka, topic) == []
+
+
+def test_a_corrupt_gzip_is_a_one_line_error(kafka, tmp_path):
+    """(zlib's error was not caught: a traceback.)"""
+    from test_scan import _damaged_gzip
+
+    topic = kafka.create_topic(unique_name("corrupt"), partitions=1)
+    src = tmp_path / "pages.jsonl.gz"
+    _damaged_gzip(src, "corrupt")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "streamdedup",
+            "produce",
+            str(src),
+            "--brokers",
+            kafka.bootstrap,
+            "--pages-topic",
+            topic,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert f"{src}: cannot be read after line" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
