@@ -18,23 +18,53 @@ from streamdedup.errors import RecordError
 LIMIT = 4096
 
 
-def warc(*responses: tuple[str, str, bytes]) -> io.BytesIO:
-    """An in-memory WARC.gz of (url, Content-Type header, body) responses."""
+def warc(*responses: tuple, gzip: bool = True) -> io.BytesIO:
+    """An in-memory WARC(.gz) of (url, Content-Type header, body[, HTTP status line, or None for a
+    response that is not HTTP]) responses."""
     out = io.BytesIO()
-    writer = WARCWriter(out, gzip=True)
-    for url, ctype, body in responses:
-        http = StatusAndHeaders("200 OK", [("Content-Type", ctype)], protocol="HTTP/1.1")
+    writer = WARCWriter(out, gzip=gzip)
+    for url, ctype, body, *status in responses:
+        line = status[0] if status else "200 OK"
+        http = None if line is None else StatusAndHeaders(line, [("Content-Type", ctype)], protocol="HTTP/1.1")
+        headers = {"WARC-Date": "2026-03-01T10:00:00Z"}
+        if http is None:
+            headers["Content-Type"] = ctype
         writer.write_record(
             writer.create_warc_record(
-                url,
-                "response",
-                payload=io.BytesIO(body),
-                http_headers=http,
-                warc_headers_dict={"WARC-Date": "2026-03-01T10:00:00Z"},
+                url, "response", payload=io.BytesIO(body), http_headers=http, warc_headers_dict=headers
             )
         )
     out.seek(0)
     return out
+
+
+def test_warc_responses_that_are_not_2xx_http_pages_are_skipped():
+    """(A Heritrix dns: record, a 404 page and a redirect went to the worker as pages; the Scrapy
+    pipeline sends 2xx HTML only.)"""
+    html = "text/html; charset=utf-8"
+    got = read_warc(
+        warc(
+            ("dns:a.example", "text/dns", b"20260301100000\na.example. 300 IN A 10.0.0.1\n", None),
+            ("http://a/missing", html, b"<p>not found</p>", "404 Not Found"),
+            ("http://a/moved", html, b"<p>moved</p>", "301 Moved Permanently"),
+            ("http://a/page", html, b"<p>the page</p>"),
+        )
+    )
+    assert [(n, p.url) for n, p in got] == [(4, "http://a/page")]
+
+
+def test_a_warc_record_cut_short_is_a_bad_warc_error_not_a_shorter_page():
+    full = warc(
+        ("http://a/1", "text/html", b"<p>one</p>"),
+        ("http://a/2", "text/html", b"<p>" + b"two " * 500 + b"</p>"),
+        gzip=False,
+    )
+    cut = io.BytesIO(full.getvalue()[: len(full.getvalue()) - 1000])
+    got = list(read_warc(cut))
+    assert [p.url for _, p in got[:1]] == ["http://a/1"]
+    assert [(n, e.reason) for n, e in got[1:]] == [(2, "bad_warc")] and "ends before its Content-Length" in str(
+        got[1][1]
+    )
 
 
 def test_warc_response_becomes_the_worker_record():

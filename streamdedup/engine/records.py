@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from streamdedup.errors import RecordError
 from streamdedup.fingerprinting.text import Utf8Text, utf8_blank, visible_text
@@ -234,10 +234,13 @@ def read_jsonl(stream: BinaryIO, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Num
 
 
 def read_warc(stream: BinaryIO, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Numbered:
-    """(record number, page or error) for each HTTP response record of a WARC / WARC.gz.
+    """(record number, page or error) for each HTTP response record with a 2xx status of a
+    WARC / WARC.gz (what a crawl fetched as a page, as the Scrapy pipeline sends).
 
-    The charset comes from the HTTP ``Content-Type`` header; the id is the target URI.
-    Non-response records (request, metadata, warcinfo, revisit) are skipped.
+    The charset comes from the HTTP ``Content-Type`` header; the id is the target URI.  Other
+    records are skipped: request, metadata, warcinfo, revisit, responses that are not HTTP
+    (Heritrix's ``dns:`` records) and 3xx/4xx/5xx responses.  A record cut short (its bytes end
+    before its ``Content-Length``) is a ``bad_warc`` error, not a page.
     """
     from warcio.archiveiterator import ArchiveIterator
     from warcio.exceptions import ArchiveLoadFailed
@@ -247,15 +250,16 @@ def read_warc(stream: BinaryIO, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Numb
     try:
         for record in records:
             number += 1
-            if record.rec_type != "response":
+            if record.rec_type != "response" or not _fetched_page(record.http_headers):
                 continue
             url = record.rec_headers.get_header("WARC-Target-URI") or ""
             fetched = record.rec_headers.get_header("WARC-Date")
-            ctype_header = record.http_headers.get_header("Content-Type") if record.http_headers else None
-            mime, charset = _split_content_type(ctype_header)
+            mime, charset = _split_content_type(record.http_headers.get_header("Content-Type"))
             body = record.content_stream().read(max_bytes + 1)
             if not url:
                 yield number, RecordError("missing_field", "the response record has no WARC-Target-URI")
+            elif len(body) <= max_bytes and getattr(record.raw_stream, "limit", 0) > 0:
+                yield number, RecordError("bad_warc", f"the record of {url[:200]} ends before its Content-Length")
             elif len(body) > max_bytes:
                 yield number, RecordError("too_large", f"the body is over the limit of {max_bytes} bytes")
             elif not body.strip():
@@ -263,7 +267,8 @@ def read_warc(stream: BinaryIO, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Numb
             else:
                 yield number, Page(url, url, body, mime, charset, fetched)
     except ArchiveLoadFailed as e:
-        yield number + 1, RecordError("bad_warc", f"the WARC file is damaged after record {number}: {e}")
+        why = str(e).encode("unicode_escape").decode("ascii")[:300]  # (it may quote raw bytes)
+        yield number + 1, RecordError("bad_warc", f"the WARC file is damaged after record {number}: {why}")
         return
     # warcio stops quietly at a truncated gzip member: say so rather than lose the tail.
     if stream.seekable():
@@ -276,6 +281,14 @@ def read_warc(stream: BinaryIO, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Numb
                     f"the WARC file ends in a damaged or truncated record at byte {records.offset} of {size}",
                 ),
             )
+
+
+def _fetched_page(http_headers: Any) -> bool:
+    """An HTTP response with a 2xx status."""
+    if http_headers is None:
+        return False
+    code = http_headers.get_statuscode() or ""
+    return code.isdigit() and 200 <= int(code) < 300
 
 
 def _split_content_type(value: str | None) -> tuple[str | None, str | None]:
