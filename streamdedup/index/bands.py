@@ -127,7 +127,7 @@ class BandScheme:
         return next(c for c in range(self.sketch + 1) if self.similarity(c) >= self.threshold)
 
     def similarity(self, matches: int | np.ndarray):
-        """Estimated resemblance from the count of equal sketch values (b-bit minwise, b = 8)."""
+        """Estimated resemblance from the count of equal sketch values (b-bit minwise, b = _SKETCH_BITS = 4)."""
         chance = 2.0**-_SKETCH_BITS
         est = (np.asarray(matches, dtype=np.float64) / self.sketch - chance) / (1.0 - chance)
         est = np.clip(est, 0.0, 1.0)
