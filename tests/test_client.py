@@ -180,3 +180,18 @@ def test_verdict_lines():
         "offset": 1,
         "cluster": "00000000000000c1",
     }
+
+
+def test_a_scrapy_setting_of_none_is_one_not_given():
+    """(``STREAMDEDUP_BROKERS = os.environ.get("X")`` with X unset raised a TypeError; a topic of
+    None was taken as the topic.)"""
+    from types import SimpleNamespace
+
+    from scrapy.settings import Settings as ScrapySettings
+
+    from streamdedup.crawler.scrapy_pipeline import StreamdedupPipeline
+
+    settings = ScrapySettings({"STREAMDEDUP_BROKERS": None, "STREAMDEDUP_PAGES_TOPIC": None})
+    crawler = SimpleNamespace(settings=settings, stats=None, signals=SimpleNamespace(connect=lambda *a, **k: None))
+    pipeline = StreamdedupPipeline.from_crawler(crawler)
+    assert pipeline.settings.pages_topic == "pages" and pipeline._producer.topic == "pages"

@@ -91,7 +91,12 @@ class StreamdedupPipeline:
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> StreamdedupPipeline:
-        given = {name: crawler.settings[name] for name in crawler.settings if name.startswith(ENV_PREFIX)}
+        # a setting of None is one not given (``STREAMDEDUP_BROKERS = os.environ.get(...)`` unset)
+        given = {
+            name: crawler.settings[name]
+            for name in crawler.settings
+            if name.startswith(ENV_PREFIX) and crawler.settings[name] is not None
+        }
         pipeline = cls(Settings.from_sources({}, given), crawler.stats)
         crawler.signals.connect(pipeline.response_received, signal=signals.response_received)
         return pipeline
