@@ -239,3 +239,18 @@ def test_a_damaged_gzip_is_a_one_line_error_that_names_the_file(tmp_path, how):
     assert result.returncode == 1
     assert f"{src}: cannot be read to its end" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and "Aborted!" not in result.stderr
+
+
+def test_a_warc_cut_short_exits_with_an_error_after_the_verdicts_it_read(tmp_path):
+    """(It exited 0: a script never saw that the rest of the file was not read.)"""
+    from test_client import warc
+
+    full = warc(
+        ("http://a/1", "text/html", b"<p>" + b"one page of words " * 20 + b"</p>"),
+        ("http://a/2", "text/html", b"<p>" + b"two " * 500 + b"</p>"),
+        gzip=False,
+    ).getvalue()
+    result, verdicts = run_scan(tmp_path, full[: len(full) - 1000], "crawl.warc")
+    assert result.exit_code == 1
+    assert [v["id"] for v in verdicts] == ["http://a/1"]
+    assert "1 bad_warc" in result.output and "damaged or cut short" in result.output

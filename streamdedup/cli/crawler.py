@@ -27,7 +27,7 @@ from aiokafka.errors import KafkaError, MessageSizeTooLargeError, RecordListTooL
 
 from streamdedup.cli.options import PRODUCE, VERDICTS, settings_from_click, settings_options
 from streamdedup.crawler.client import OutputConsumer, OutputRecord, PageProducer, VerdictConsumer, VerdictRecord
-from streamdedup.engine.records import Page, read_pages, read_warc, sniff_format
+from streamdedup.engine.records import DAMAGED_WARC, Page, read_pages, read_warc, sniff_format
 from streamdedup.errors import ClientError, RecordError
 from streamdedup.settings import Settings
 
@@ -122,6 +122,8 @@ def produce(files: tuple[Path, ...], input_format: str, progress: bool | None, *
             f"{report.failed} pages were not delivered ({report.first_failure}); check "
             "the broker and the topic's limits, then send them again"
         )
+    if report.bad["bad_warc"]:
+        raise click.ClickException(DAMAGED_WARC)
 
 
 async def _produce(settings: Settings, files: tuple[Path, ...], fmt: str, show: bool, report: ProduceReport) -> None:

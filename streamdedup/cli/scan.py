@@ -14,7 +14,7 @@ import click
 
 from streamdedup.cli.options import SCAN, settings_from_click, settings_options
 from streamdedup.engine.dedup import Deduplicator
-from streamdedup.engine.records import read_jsonl, read_warc, sniff_format
+from streamdedup.engine.records import DAMAGED_WARC, read_jsonl, read_warc, sniff_format
 from streamdedup.engine.scan import report_bad, scan_pages
 
 #: What scan's settings mean for a file (the same checks and messages as the worker's).
@@ -90,6 +90,8 @@ def scan(input: Path, output: Path, input_format: str, progress: bool | None, **
         + (f"; skipped {bad} bad records ({reasons})" if bad else ""),
         err=True,
     )
+    if summary.bad["bad_warc"]:
+        raise click.ClickException(DAMAGED_WARC)
 
 
 @contextmanager

@@ -42,6 +42,7 @@ __all__ = [
     "page_from_json",
     "read_jsonl",
     "read_warc",
+    "DAMAGED_WARC",
     "read_pages",
     "sniff_format",
 ]
@@ -231,6 +232,13 @@ def read_jsonl(stream: BinaryIO, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Num
             yield number, page_from_json(line.rstrip(b"\r\n"), max_bytes)
         except RecordError as e:
             yield number, e
+
+
+#: What ``produce`` and ``scan`` exit with after a ``bad_warc`` record (what followed was not read)
+DAMAGED_WARC = (
+    "a WARC file is damaged or cut short (its bad_warc line above says where): what follows the damage "
+    "was not read; repair or fetch the file again, then run again"
+)
 
 
 def read_warc(stream: BinaryIO, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Numbered:

@@ -278,3 +278,20 @@ def test_a_corrupt_gzip_is_a_one_line_error(kafka, tmp_path):
     assert result.returncode == 1
     assert f"{src}: cannot be read after line" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_warc_cut_short_is_reported_and_exits_with_an_error(kafka, tmp_path):
+    from test_client import warc
+
+    topic = kafka.create_topic(unique_name("cut-warc"), partitions=1)
+    full = warc(
+        ("http://a/1", "text/html", b"<p>" + b"one page of words " * 20 + b"</p>"),
+        ("http://a/2", "text/html", b"<p>" + b"two " * 500 + b"</p>"),
+        gzip=False,
+    ).getvalue()
+    src = tmp_path / "crawl.warc"
+    src.write_bytes(full[: len(full) - 1000])
+    result = CliRunner().invoke(main, ["produce", str(src), "--brokers", kafka.bootstrap, "--pages-topic", topic])
+    assert result.exit_code == 1
+    assert "ends before its Content-Length" in result.output and "damaged or cut short" in result.output
+    assert [r.key for r in read_topic(kafka, topic)] == [b"http://a/1"]
