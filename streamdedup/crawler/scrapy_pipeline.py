@@ -38,8 +38,8 @@ import asyncio
 import functools
 import logging
 import threading
+import time
 from collections import Counter
-from concurrent import futures
 from concurrent.futures import Future
 from datetime import UTC, datetime
 from typing import Any
@@ -80,9 +80,7 @@ class StreamdedupPipeline:
     def __init__(self, settings: Settings, stats: Any) -> None:
         self.settings, self.stats = settings, stats
         quiet_kafka_logs(settings)
-        self._slots = threading.BoundedSemaphore(MAX_PENDING)
-        self._sending: set[Future] = set()  # sends not done yet (close_spider waits for them)
-        self._sending_lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(MAX_PENDING)  # one taken per send not done yet
         self._bad: Counter[str] = Counter()  # (_bad and _failed change on the Kafka thread only)
         self._failed = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -112,11 +110,12 @@ class StreamdedupPipeline:
             raise
 
     def close_spider(self, spider: Any = None) -> None:
-        with self._sending_lock:
-            sending = list(self._sending)
-        # first every send, then the producer: its stop() closes the batch queue, and the sends
-        # still waiting for room in a full batch failed with ProducerClosed (their pages lost)
-        futures.wait(sending, timeout=WAIT)
+        # first every send (every slot back), then the producer: its stop() closes the batch
+        # queue, and the sends still waiting for room in a full batch failed with ProducerClosed
+        deadline = time.monotonic() + WAIT
+        for _ in range(MAX_PENDING):
+            if not self._slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                break
         try:
             asyncio.run_coroutine_threadsafe(self._producer.stop(), self._running_loop()).result(WAIT)
         finally:
@@ -154,8 +153,6 @@ class StreamdedupPipeline:
         )
         self._slots.acquire()  # blocks the crawl while MAX_PENDING pages are in flight
         sent = asyncio.run_coroutine_threadsafe(self._send(page), self._running_loop())
-        with self._sending_lock:
-            self._sending.add(sent)
         sent.add_done_callback(functools.partial(self._done, url=response.url))
 
     async def _send(self, page: Page) -> None:
@@ -167,8 +164,6 @@ class StreamdedupPipeline:
         return self._loop
 
     def _done(self, sent: Future, url: str) -> None:  # on the Kafka thread
-        with self._sending_lock:
-            self._sending.discard(sent)
         self._slots.release()
         error = sent.exception()
         if isinstance(error, RecordError):
