@@ -15,6 +15,7 @@ streamdedup.errors.RecordError: missing_field: the record has no "content" (a st
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import re
 from collections.abc import Iterator
@@ -248,47 +249,111 @@ def read_warc(stream: BinaryIO, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Numb
     The charset comes from the HTTP ``Content-Type`` header; the id is the target URI.  Other
     records are skipped: request, metadata, warcinfo, revisit, responses that are not HTTP
     (Heritrix's ``dns:`` records) and 3xx/4xx/5xx responses.  A record cut short (its bytes end
-    before its ``Content-Length``) is a ``bad_warc`` error, not a page.
+    before its ``Content-Length``) is a ``bad_warc`` error, not a page; so is damage warcio
+    trips over (it raises what it meets, not only ``ArchiveLoadFailed``), after which nothing
+    more is read, and bytes left after the last record it could read (warcio stops quietly at
+    a truncated gzip member), also on a stream that cannot seek (a pipe on stdin).
     """
     from warcio.archiveiterator import ArchiveIterator
-    from warcio.exceptions import ArchiveLoadFailed
 
-    number = 0
-    records = ArchiveIterator(stream)
-    try:
-        for record in records:
-            number += 1
-            if record.rec_type != "response" or not _fetched_page(record.http_headers):
-                continue
-            url = record.rec_headers.get_header("WARC-Target-URI") or ""
-            fetched = record.rec_headers.get_header("WARC-Date")
-            mime, charset = _split_content_type(record.http_headers.get_header("Content-Type"))
-            body = record.content_stream().read(max_bytes + 1)
-            if not url:
-                yield number, RecordError("missing_field", "the response record has no WARC-Target-URI")
-            elif len(body) <= max_bytes and getattr(record.raw_stream, "limit", 0) > 0:
-                yield number, RecordError("bad_warc", f"the record of {url[:200]} ends before its Content-Length")
-            elif len(body) > max_bytes:
-                yield number, RecordError("too_large", f"the body is over the limit of {max_bytes} bytes")
-            elif not body.strip():
-                yield number, RecordError("empty", "the response body is empty")
-            else:
-                yield number, Page(url, url, body, mime, charset, fetched)
-    except ArchiveLoadFailed as e:
-        why = str(e).encode("unicode_escape").decode("ascii")[:300]  # (it may quote raw bytes)
-        yield number + 1, RecordError("bad_warc", f"the WARC file is damaged after record {number}: {why}")
-        return
+    class Records(ArchiveIterator):
+        cut_member = False  # the last gzip member ended before its end (warcio closes it quietly)
+
+        def close(self) -> None:
+            decompressor = getattr(self.reader, "decompressor", None)
+            self.cut_member = decompressor is not None and not getattr(decompressor, "eof", True)
+            super().close()
+
+    counted = stream if stream.seekable() else _Counted(stream)
+    number, cut_at = 0, -1
+    records = Records(counted)
+    iterator = iter(records)
+    while True:
+        try:
+            record = next(iterator, None)
+        except Exception as e:  # damaged bytes: warcio raises ArchiveLoadFailed, AttributeError, ValueError...
+            yield number + 1, _damaged(f"after record {number}", e)
+            return
+        if record is None:
+            break
+        number += 1
+        try:
+            page = record.rec_type == "response" and _fetched_page(record.http_headers)
+            if page:
+                url = record.rec_headers.get_header("WARC-Target-URI") or ""
+                fetched = record.rec_headers.get_header("WARC-Date")
+                mime, charset = _split_content_type(record.http_headers.get_header("Content-Type"))
+                body = record.content_stream().read(max_bytes + 1)
+            while record.raw_stream.read(1 << 16):  # the rest (as warcio would): is it all there?
+                pass
+            # (a WARC record without a Content-Length, which WARC requires, or with a part of
+            # one, is one whose header block was cut short: warcio reads headers up to the end)
+            length = record.rec_headers.get_header("Content-Length") or ""
+            headless = record.format == "warc" and not length.strip().isdigit()
+            cut = headless or getattr(record.raw_stream, "limit", 0) > 0
+        except Exception as e:  # (as above: a header or body warcio cannot read)
+            yield number, _damaged(f"in record {number}", e)
+            return
+        if cut:
+            what = f"the record of {url[:200]}" if page else f"record {number}"
+            yield number, RecordError("bad_warc", f"{what} ends before its Content-Length")
+            cut_at = number  # (the damage the end check below would find again, if it is the last)
+            continue
+        if not page:
+            continue
+        if not url:
+            yield number, RecordError("missing_field", "the response record has no WARC-Target-URI")
+        elif len(body) > max_bytes:
+            yield number, RecordError("too_large", f"the body is over the limit of {max_bytes} bytes")
+        elif not body.strip():
+            yield number, RecordError("empty", "the response body is empty")
+        else:
+            yield number, Page(url, url, body, mime, charset, fetched)
     # warcio stops quietly at a truncated gzip member: say so rather than lose the tail.
-    if stream.seekable():
-        size = stream.seek(0, 2)
-        if records.offset < size:
-            yield (
-                number + 1,
-                RecordError(
-                    "bad_warc",
-                    f"the WARC file ends in a damaged or truncated record at byte {records.offset} of {size}",
-                ),
-            )
+    if isinstance(counted, _Counted):
+        more, size, empty = counted.beyond(records.offset), "?", counted.count == 0  # (a pipe's size: unknown)
+    else:
+        end = counted.seek(0, 2)
+        more, size, empty = records.offset < end, str(end), end == 0
+    if (more or (records.cut_member and not empty)) and cut_at != number:
+        yield (
+            number + 1,
+            RecordError(
+                "bad_warc",
+                f"the WARC file ends in a damaged or truncated record at byte {records.offset} of {size}",
+            ),
+        )
+
+
+def _damaged(where: str, error: Exception) -> RecordError:
+    why = f"{type(error).__name__}: {error}".encode("unicode_escape").decode("ascii")[:300]  # (it may quote raw bytes)
+    return RecordError("bad_warc", f"the WARC file is damaged {where}: {why}")
+
+
+class _Counted(io.RawIOBase):
+    """A stream that cannot seek (a pipe), counting the bytes read from it: where it ends is
+    known only by reading to there."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self.raw, self.count = raw, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.raw.read(len(buffer))
+        buffer[: len(data)] = data
+        self.count += len(data)
+        return len(data)
+
+    def beyond(self, offset: int) -> bool:
+        """Whether the stream holds a byte after ``offset`` (reads on to find out, no further)."""
+        while self.count <= offset:
+            data = self.raw.read(1 << 16)
+            if not data:
+                return False
+            self.count += len(data)
+        return True
 
 
 def _fetched_page(http_headers: Any) -> bool:

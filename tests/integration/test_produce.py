@@ -295,3 +295,27 @@ def test_a_warc_cut_short_is_reported_and_exits_with_an_error(kafka, tmp_path):
     assert result.exit_code == 1
     assert "ends before its Content-Length" in result.output and "damaged or cut short" in result.output
     assert [r.key for r in read_topic(kafka, topic)] == [b"http://a/1"]
+
+
+def test_a_warc_gz_cut_short_on_stdin_is_reported_and_exits_with_an_error(kafka):
+    """A pipe cannot be measured: the tail a truncated gzip member hid was lost without a word
+    (exit 0), and some cuts made warcio raise (a traceback)."""
+    from test_client import warc
+
+    topic = kafka.create_topic(unique_name("cut-warc-stdin"), partitions=1)
+    full = warc(
+        ("http://a/1", "text/html", b"<p>" + b"one page of words " * 20 + b"</p>"),
+        ("http://a/2", "text/html", b"<p>" + b"two " * 500 + b"</p>"),
+        ("http://a/3", "text/html", b"<p>" + b"three and more " * 300 + b"</p>"),
+    ).getvalue()
+    third = full.index(b"\x1f\x8b", 1 + full.index(b"\x1f\x8b", 1))  # where the third record's gzip member starts
+    result = subprocess.run(
+        [STREAMDEDUP, "produce", "-", "--input-format", "warc", "--brokers", kafka.bootstrap, "--pages-topic", topic],
+        input=full[: third + 12],  # its gzip header and the first bytes of its data
+        capture_output=True,
+        timeout=60,
+    )
+    stderr = result.stderr.decode()
+    assert result.returncode == 1, stderr
+    assert "bad_warc" in stderr and "damaged or cut short" in stderr and "Traceback" not in stderr, stderr
+    assert [r.key for r in read_topic(kafka, topic)] == [b"http://a/1", b"http://a/2"]
