@@ -222,6 +222,23 @@ def broker_cpu_seconds(kafka) -> float:
         return 0.0
 
 
+def broker_jit_seconds(kafka) -> float:
+    """CPU seconds of the broker's JIT compiler threads so far (HotSpot's ``C1/C2 CompilerThread``s),
+    0.0 if they cannot be read.  A new broker compiles Kafka's hot paths during its first minutes of
+    load, with up to half a core of the 2 here (bench/README.md, "A warm broker")."""
+    total = 0.0
+    try:
+        pid = int((kafka.run_dir / "kafka.pid").read_text().split()[0])
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            stat = (task / "stat").read_text()
+            if stat[stat.index("(") + 1 : stat.rindex(")")].startswith(("C1 CompilerThre", "C2 CompilerThre")):
+                fields = stat.rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        pass
+    return total
+
+
 def scan_rate(records: list[dict]) -> tuple[float, float, dict]:
     """Pages/s of the embedded engine on the same records, its CPU ms per page; its verdicts."""
     data, out = "".join(json.dumps(r) + "\n" for r in records).encode(), io.StringIO()
@@ -250,9 +267,11 @@ async def backlog(kafka, args, records: list[dict], n_workers: int, env: dict | 
             for w in ws:
                 w.proc.send_signal(signal.SIGCONT)
         t0, cpu0, broker0 = time.time(), sum(cpu_seconds(w.proc.pid) for w in ws), broker_cpu_seconds(kafka)
+        jit0 = broker_jit_seconds(kafka)
         await got.wait(len(records), args.timeout)
         cpu = sum(cpu_seconds(w.proc.pid) for w in ws) - cpu0  # the workers and their pool processes
-        broker_cpu = broker_cpu_seconds(kafka) - broker0
+        broker_cpu, jit = broker_cpu_seconds(kafka) - broker0, broker_jit_seconds(kafka) - jit0
+        seconds = time.time() - t0
     t = sorted(got.at.values())
     lo, hi = int(0.1 * len(t)), int(0.9 * len(t)) - 1
     steady = (hi - lo) / (t[hi] - t[lo]) if t[hi] > t[lo] else float("nan")  # nan: all in one commit
@@ -262,6 +281,7 @@ async def backlog(kafka, args, records: list[dict], n_workers: int, env: dict | 
         "first_verdict_s": t[0] - t0,
         "cpu_ms_per_page": cpu * 1000 / len(t),
         "broker_cpu_ms_per_page": broker_cpu * 1000 / len(t),
+        "broker_jit_cores": jit / seconds,
         "load_avg": os.getloadavg()[0],
         "duplicates": got.received - len(t),
         "rebalances": sum(x > t0 for w in ws for x in log_times(w, SETTLED)),
@@ -323,8 +343,9 @@ class Paced:
         await asyncio.gather(*pending)
 
 
-async def latency(kafka, args, records: list[dict], rate: float) -> dict:
-    """Pages produced at `rate` (what is due every ~15 ms) to an idle worker; verdict time - produce time."""
+async def latency(kafka, args, records: list[dict], rate: float, seconds: float | None = None) -> dict:
+    """Pages produced at `rate` (what is due every ~15 ms) to an idle worker for `seconds` (default:
+    --latency-seconds); verdict time - produce time."""
     topics, _ = await fresh_app(kafka, args.partitions)
     producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap, max_request_size=2 * MAX_RECORD)
     paced = Paced(producer, topics.pages, records)
@@ -337,11 +358,13 @@ async def latency(kafka, args, records: list[dict], rate: float) -> dict:
             await asyncio.gather(*[await paced.send() for _ in range(warmup)])
             await got.wait(warmup, args.timeout)
             cpu0, broker0 = cpu_seconds(ws[0].proc.pid), broker_cpu_seconds(kafka)
+            jit0, t0 = broker_jit_seconds(kafka), time.monotonic()
             phases0 = phase_histograms(ws[0])
-            await paced.run(rate, args.latency_seconds)
+            await paced.run(rate, args.latency_seconds if seconds is None else seconds)
             await got.wait(paced.count, args.timeout)
             cpu = cpu_seconds(ws[0].proc.pid) - cpu0  # the worker and its pool processes
             broker_cpu = broker_cpu_seconds(kafka) - broker0
+            jit_cores = (broker_jit_seconds(kafka) - jit0) / (time.monotonic() - t0)
             load = os.getloadavg()[0]
             await asyncio.sleep(0.5)  # (the worker observes a page's phases just after its commit)
             phases = phase_figures(phases0, phase_histograms(ws[0]))
@@ -359,6 +382,7 @@ async def latency(kafka, args, records: list[dict], rate: float) -> dict:
         "warmup_max_s": lat[:warmup].max(),
         "cpu_ms_per_page": cpu * 1000 / max(1, paced.count - warmup),
         "broker_cpu_ms_per_page": broker_cpu * 1000 / max(1, paced.count - warmup),
+        "broker_jit_cores": jit_cores,
         "load_avg": load,
         "dead_letters": sum(v == "dead_letter" for v in got.verdict.values()),
         **phases,
@@ -497,6 +521,24 @@ async def recovery(kafka, args) -> dict:
     return out
 
 
+async def warm_up(kafka, args, records: list[dict]) -> None:
+    """Load the new broker as the runs will (a backlog, then pages at half its rate) for at least
+    --warmup-seconds, unmeasured: a long-running broker has compiled Kafka's hot paths, a new one
+    spends its first minutes of load compiling them (up to half a core here) and answers slower
+    meanwhile.  Each pass prints its figures as a comment line."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < args.warmup_seconds:
+        tput = await throughput(kafka, args, records)
+        seconds = min(30.0, max(5.0, args.warmup_seconds - (time.monotonic() - t0)))
+        lat = await latency(kafka, args, records, tput["per_s"] / 2, seconds)
+        print(
+            f"# warm-up (not measured): backlog {tput['per_s']:,.0f} pages/s with the broker's JIT at "
+            f"{tput['broker_jit_cores']:.2f} cores; p99 {lat['p99_s']:.3f} s at {lat['rate_per_s']:,.0f} pages/s "
+            f"with it at {lat['broker_jit_cores']:.2f} cores",
+            flush=True,
+        )
+
+
 async def one_run(kafka, args, records: list[dict]) -> dict:
     out: dict = {}
 
@@ -538,6 +580,12 @@ def main() -> None:
     p.add_argument("--pages", type=int, default=3000, help="pages of the backlog (throughput, scaling)")
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--latency-seconds", type=float, default=20.0)
+    p.add_argument(
+        "--warmup-seconds",
+        type=float,
+        default=60.0,
+        help="load the new broker this long before the runs, unmeasured (its JIT compiler's warm-up; 0: none)",
+    )
     p.add_argument("--latency-rate", type=float, help="pages/s for the latency test (default: half of tput_per_s)")
     p.add_argument("--recovery-pages", type=int, default=500_000)
     p.add_argument("--rows-per-record", type=int, default=250, help="changelog rows per Kafka record")
@@ -581,6 +629,8 @@ def main() -> None:
         )
         asyncio.run(backlog(kafka, args, records[:20], 1))  # not measured: a new broker's first group and
         runs = []  # first transaction create its internal topics
+        if args.only & {"throughput", "latency", "scaling", "algorithms"} and args.warmup_seconds > 0:
+            asyncio.run(warm_up(kafka, args, records))
         for _ in range(args.runs):
             runs.append(asyncio.run(one_run(kafka, args, records)))
             print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in runs[-1].items()}), flush=True)
