@@ -254,3 +254,94 @@ def test_a_warc_cut_short_exits_with_an_error_after_the_verdicts_it_read(tmp_pat
     assert result.exit_code == 1
     assert [v["id"] for v in verdicts] == ["http://a/1"]
     assert "1 bad_warc" in result.output and "damaged or cut short" in result.output
+
+
+def _scan(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "streamdedup", "scan", *args], input=stdin, capture_output=True, timeout=120
+    )
+
+
+def test_an_output_that_is_the_input_is_refused_before_it_empties_the_input(tmp_path):
+    """(``scan pages.jsonl -o pages.jsonl`` emptied pages.jsonl, and said "scanned 0 pages" with exit 0.)"""
+    src, link = tmp_path / "pages.jsonl", tmp_path / "link.jsonl"
+    src.write_bytes(jsonl(PAGES))
+    link.symlink_to(src)
+    for output in (src, link):
+        proc = _scan(str(src), "-o", str(output))
+        assert proc.returncode == 2 and b"is the input file" in proc.stderr and b"Traceback" not in proc.stderr
+        assert src.read_bytes() == jsonl(PAGES)
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["jsonl", "jsonl.gz"])
+@pytest.mark.parametrize("fmt", [[], ["--input-format", "jsonl"]], ids=["auto", "jsonl"])
+def test_a_pipe_given_as_a_path_is_read_whole(tmp_path, gz, fmt):
+    """``scan <(zcat pages.jsonl.gz)``, ``/dev/stdin``: the file was opened once to look at its first
+    bytes and again to read it; a pipe has no bytes to give twice (a traceback: not seekable)."""
+    import gzip
+    import os
+    import threading
+
+    fifo = tmp_path / "pages"
+    os.mkfifo(fifo)
+    data = jsonl(PAGES)
+
+    def write() -> None:
+        with open(fifo, "wb") as f:
+            f.write(gzip.compress(data) if gz else data)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    out = tmp_path / "verdicts.jsonl"
+    proc = _scan(str(fifo), *fmt, "-o", str(out))
+    writer.join(10)
+    assert proc.returncode == 0, proc.stderr
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == [p["url"] for p in PAGES]
+
+
+def test_gzipped_json_lines_on_stdin_are_read():
+    """(Every line was skipped as not_utf8.)"""
+    import gzip
+
+    proc = _scan("-", stdin=gzip.compress(jsonl(PAGES)))
+    assert proc.returncode == 0, proc.stderr
+    assert [json.loads(line)["id"] for line in proc.stdout.splitlines()] == [p["url"] for p in PAGES]
+
+
+def test_json_lines_read_as_a_warc_are_an_error_not_zero_pages(tmp_path):
+    """(warcio took each JSON line for an ARC header: "scanned 0 pages", exit 0.)"""
+    src = tmp_path / "pages.warc"
+    src.write_bytes(jsonl(PAGES))
+    proc = _scan(str(src), "-o", str(tmp_path / "out.jsonl"))
+    assert proc.returncode == 1 and b"Traceback" not in proc.stderr
+    assert b"bad_warc" in proc.stderr and b"not a WARC (JSON lines? then --input-format jsonl)" in proc.stderr
+
+
+def test_a_threshold_the_permutations_cannot_band_says_how_to_fix_it(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(jsonl(PAGES[:1]))
+    proc = _scan(str(src), "--algorithm", "minhash", "--threshold", "0.01")
+    assert proc.returncode == 2 and b"Traceback" not in proc.stderr
+    assert b"--threshold / --num-perm" in proc.stderr and b"for example --num-perm 512 --threshold 0.8" in proc.stderr
+
+
+@pytest.mark.parametrize("where", ["missing-dir", "full-file", "full-stdout"])
+def test_verdicts_that_cannot_be_written_are_a_one_line_error(tmp_path, where):
+    """(A missing directory and a full disk were tracebacks.)"""
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(jsonl(PAGES))
+    if where == "full-stdout":
+        with open("/dev/full", "wb") as full:
+            proc = subprocess.run(
+                [sys.executable, "-m", "streamdedup", "scan", str(src)],
+                stdout=full,
+                stderr=subprocess.PIPE,
+                timeout=120,
+            )
+    else:
+        out = tmp_path / "no/such/dir/out.jsonl" if where == "missing-dir" else Path("/dev/full")
+        proc = _scan(str(src), "-o", str(out))
+    assert proc.returncode == 1 and b"Traceback" not in proc.stderr, proc.stderr
+    assert b"Error: cannot write the verdicts to " in proc.stderr
+    if where != "missing-dir":
+        assert b"No space left on device" in proc.stderr and b"incomplete" in proc.stderr

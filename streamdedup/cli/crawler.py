@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import gzip
+import io
 import json
 import logging
 import sys
@@ -20,14 +21,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, cast
+from typing import IO, Any, BinaryIO, cast
 
 import click
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError, RecordListTooLargeError
 
 from streamdedup.cli.options import PRODUCE, VERDICTS, settings_from_click, settings_options
 from streamdedup.crawler.client import OutputConsumer, OutputRecord, PageProducer, VerdictConsumer, VerdictRecord
-from streamdedup.engine.records import DAMAGED_WARC, Page, read_pages, read_warc, sniff_format
+from streamdedup.engine.records import DAMAGED_WARC, GZIP_MAGIC, Page, open_input, records_of, sniff_format
 from streamdedup.errors import ClientError, RecordError
 from streamdedup.settings import Settings
 
@@ -147,12 +148,18 @@ async def _send_files(
     with tqdm(disable=not show, unit=" pages", file=sys.stderr, dynamic_ncols=True, smoothing=0.1) as bar:
         for path in files:
             name = "stdin" if str(path) == "-" else str(path)
-            file_fmt = fmt if fmt != "auto" or name == "stdin" else sniff_format(path)
-            unit = "record" if file_fmt == "warc" else "line"
             bar.set_description_str(Path(name).name)
-            number = 0
+            number, unit, opened = 0, "line", None
             try:
-                for count, (number, item) in enumerate(_read(path, file_fmt, producer.max_bytes), 1):
+                # (opened once: a pipe given as a path, <(zcat x), has no bytes to give twice)
+                raw: BinaryIO
+                if name == "stdin":
+                    raw, file_fmt = sys.stdin.buffer, "jsonl" if fmt == "auto" else fmt
+                else:
+                    opened = open_input(path)
+                    raw, file_fmt = opened, sniff_format(path, opened) if fmt == "auto" else fmt
+                unit = "record" if file_fmt == "warc" else "line"
+                for count, (number, item) in enumerate(_read(raw, file_fmt, producer.max_bytes), 1):
                     where = f"{name}: {unit} {number}"
                     try:
                         if isinstance(item, RecordError):
@@ -175,22 +182,25 @@ async def _send_files(
                     f"Kafka failed while sending {name} at {unit} {number} ({e!r}); check the "
                     "broker, then send the rest again"
                 ) from None
+            finally:
+                if opened is not None:
+                    opened.close()
         await producer.flush()
 
 
-def _read(path: Path, fmt: str, max_bytes: int) -> Iterator[tuple[int, Page | RecordError | bytes]]:
-    """Numbered records: a WARC's responses as pages (or errors); JSON lines as they are, so that
-    fields beyond the contract's reach the worker's outputs (``encode_page`` checks them)."""
+def _read(raw: BinaryIO, fmt: str, max_bytes: int) -> Iterator[tuple[int, Page | RecordError | bytes]]:
+    """Numbered records of an opened input: a WARC's responses as pages (or errors); JSON lines
+    (gunzipped when they start as gzip does) as they are, so that fields beyond the contract's
+    reach the worker's outputs (``encode_page`` checks them)."""
     if fmt == "warc":
-        yield from read_warc(sys.stdin.buffer, max_bytes) if str(path) == "-" else read_pages(path, fmt, max_bytes)
-    elif str(path) == "-":
-        yield from _lines(sys.stdin.buffer)
+        yield from records_of(raw, "warc", max_bytes)
+        return
+    buffered = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(cast(Any, raw))
+    if buffered.peek(2)[:2] == GZIP_MAGIC:
+        with gzip.GzipFile(fileobj=buffered) as unzipped:
+            yield from _lines(cast(IO[bytes], unzipped))
     else:
-        with path.open("rb") as f:
-            zipped = f.read(2) == b"\x1f\x8b"
-        opened = cast(IO[bytes], gzip.open(path, "rb") if zipped else path.open("rb"))
-        with opened as f:
-            yield from _lines(f)
+        yield from _lines(buffered)
 
 
 def _lines(stream: IO[bytes]) -> Iterator[tuple[int, bytes]]:

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import gzip
+import os
 import sys
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any, TextIO, cast
 
 import click
 
 from streamdedup.cli.options import SCAN, settings_from_click, settings_options
 from streamdedup.engine.dedup import Deduplicator
-from streamdedup.engine.records import DAMAGED_WARC, read_jsonl, read_warc, sniff_format
+from streamdedup.engine.records import DAMAGED_WARC, open_input, records_of, sniff_format
 from streamdedup.engine.scan import report_bad, scan_pages
 
 #: What scan's settings mean for a file (the same checks and messages as the worker's).
@@ -61,27 +62,48 @@ def scan(input: Path, output: Path, input_format: str, progress: bool | None, **
     settings = settings_from_click(params)  # the worker's checks and messages
     if str(input) != "-" and not input.exists():
         raise click.BadParameter(f"{input} does not exist", param_hint="INPUT")
+    if "-" not in (str(input), str(output)) and output.exists() and os.path.samefile(input, output):
+        # (opening the output for writing would empty the input before a record of it is read)
+        raise click.BadParameter(f"{output} is the input file; write the verdicts to another", param_hint="--output")
     s = settings
-    dedup = Deduplicator(
-        s.algorithm, k=s.k, design=s.design, threshold=s.threshold, num_perm=s.num_perm, cluster_n=s.cluster_n
-    )
+    try:
+        dedup = Deduplicator(
+            s.algorithm, k=s.k, design=s.design, threshold=s.threshold, num_perm=s.num_perm, cluster_n=s.cluster_n
+        )
+    except ValueError as e:  # a threshold the permutations cannot band (the worker's message)
+        raise click.BadParameter(
+            f"{e} (for example --num-perm 512 --threshold 0.8)", param_hint="--threshold / --num-perm"
+        ) from None
     if str(input) == "-" and input_format == "warc":
         raise click.BadParameter("WARC input must be a file", param_hint="--input-format")
     show = sys.stderr.isatty() if progress is None else progress
-    out = sys.stdout if str(output) == "-" else output.open("w", encoding="utf-8")
+    where = "standard output" if str(output) == "-" else str(output)
+    try:
+        out = _Verdicts(sys.stdout if str(output) == "-" else output.open("w", encoding="utf-8"))
+    except OSError as e:
+        raise click.ClickException(f"cannot write the verdicts to {where} ({e.strerror or e})") from None
     try:
         with _records(input, input_format, s.max_page_bytes) as (records, position), _progress(show, input) as bar:
             summary = scan_pages(
-                records, dedup, out, s.batch_size, report_bad, on_progress=lambda n: bar.advance(n, position())
+                records,
+                dedup,
+                cast(TextIO, out),
+                s.batch_size,
+                report_bad,
+                on_progress=lambda n: bar.advance(n, position()),
             )
+        out.close()
     except (EOFError, zlib.error, gzip.BadGzipFile) as e:  # (click made an EOFError a bare "Aborted!")
         raise click.ClickException(
             f"{input}: cannot be read to its end ({type(e).__name__}: {e}); the verdicts before that point "
             "are written. Check the file (a truncated or damaged gzip?) and its --input-format"
         ) from None
+    except _WriteError as e:
+        raise click.ClickException(
+            f"cannot write the verdicts to {where} ({e.__cause__}); the verdicts written are incomplete"
+        ) from None
     finally:
-        if out is not sys.stdout:
-            out.close()
+        out.close(quietly=True)
     counts = ", ".join(f"{n} {verdict}" for verdict, n in sorted(summary.verdicts.items()))
     bad = sum(summary.bad.values())
     reasons = ", ".join(f"{n} {r}" for r, n in summary.bad.most_common())
@@ -97,20 +119,45 @@ def scan(input: Path, output: Path, input_format: str, progress: bool | None, **
 @contextmanager
 def _records(input: Path, fmt: str, max_page_bytes: int) -> Iterator[tuple[Any, Callable[[], int | None]]]:
     """The numbered records of INPUT, and a function giving the bytes of the file read so far
-    (None for stdin).  The file is opened here rather than by ``read_pages`` so that its raw
-    position -- compressed bytes for a .gz -- drives the progress bar's total and ETA."""
+    (None for stdin and pipes).  The file is opened once, here, so that its raw position --
+    compressed bytes for a .gz -- drives the progress bar's total and ETA, and so that a pipe
+    given as a path (``<(zcat x)``) loses no bytes to a look at its first ones."""
     if str(input) == "-":
-        yield read_jsonl(sys.stdin.buffer, max_page_bytes), lambda: None
+        yield records_of(sys.stdin.buffer, "jsonl", max_page_bytes), lambda: None
         return
-    fmt = sniff_format(input) if fmt == "auto" else fmt
-    with input.open("rb") as raw:
-        zipped = raw.read(2) == b"\x1f\x8b"
-        raw.seek(0)
-        if fmt == "warc":  # warcio reads WARC.gz members itself
-            yield read_warc(raw, max_page_bytes), raw.tell
-        else:
-            with gzip.GzipFile(fileobj=raw) if zipped else raw as stream:
-                yield read_jsonl(cast(BinaryIO, stream), max_page_bytes), raw.tell
+    with open_input(input) as raw:
+        fmt = sniff_format(input, raw) if fmt == "auto" else fmt
+        yield records_of(raw, fmt, max_page_bytes), (raw.tell if raw.seekable() else lambda: None)
+
+
+class _WriteError(Exception):
+    """Writing the verdicts failed (its cause: the OSError)."""
+
+
+class _Verdicts:
+    """The verdicts' output: an OSError writing it (a full disk) is a :class:`_WriteError`, not
+    one to take for the input's; closed once (stdout: flushed, left open)."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out, self.closed = out, False
+
+    def write(self, text: str) -> int:
+        try:
+            return self.out.write(text)
+        except OSError as e:
+            raise _WriteError() from e
+
+    def close(self, quietly: bool = False) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.out.flush()
+            if self.out is not sys.stdout:
+                self.out.close()
+        except OSError as e:
+            if not quietly:
+                raise _WriteError() from e
 
 
 class _Bar:

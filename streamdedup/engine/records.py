@@ -18,10 +18,11 @@ import gzip
 import io
 import json
 import re
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from streamdedup.errors import RecordError
 from streamdedup.fingerprinting.text import Utf8Text, utf8_blank, visible_text
@@ -46,6 +47,9 @@ __all__ = [
     "DAMAGED_WARC",
     "read_pages",
     "sniff_format",
+    "open_input",
+    "records_of",
+    "GZIP_MAGIC",
 ]
 
 #: Default upper bound on a record's size; pages above it are rejected, not truncated.
@@ -272,7 +276,10 @@ def read_warc(stream: BinaryIO, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Numb
         try:
             record = next(iterator, None)
         except Exception as e:  # damaged bytes: warcio raises ArchiveLoadFailed, AttributeError, ValueError...
-            yield number + 1, _damaged(f"after record {number}", e)
+            if number == 0:  # (nothing read yet: the wrong --input-format, more often than damage)
+                yield 1, _damaged("at its start, or it is not a WARC (JSON lines? then --input-format jsonl)", e)
+            else:
+                yield number + 1, _damaged(f"after record {number}", e)
             return
         if record is None:
             break
@@ -286,13 +293,24 @@ def read_warc(stream: BinaryIO, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Numb
                 body = record.content_stream().read(max_bytes + 1)
             while record.raw_stream.read(1 << 16):  # the rest (as warcio would): is it all there?
                 pass
-            # (a WARC record without a Content-Length, which WARC requires, or with a part of
-            # one, is one whose header block was cut short: warcio reads headers up to the end)
-            length = record.rec_headers.get_header("Content-Length") or ""
-            headless = record.format == "warc" and not length.strip().isdigit()
-            cut = headless or getattr(record.raw_stream, "limit", 0) > 0
+            # A record without a length, which WARC and ARC require, or with a part of one:
+            # a header block cut short (warcio reads headers up to the end), or bytes that are
+            # no WARC at all (warcio takes a JSON line with spaces for an ARC header)
+            length = record.rec_headers.get_header("Content-Length" if record.format == "warc" else "length")
+            headless = not (length or "").strip().isdigit()
+            cut = not headless and getattr(record.raw_stream, "limit", 0) > 0
         except Exception as e:  # (as above: a header or body warcio cannot read)
             yield number, _damaged(f"in record {number}", e)
+            return
+        if headless:
+            yield (
+                number,
+                RecordError(
+                    "bad_warc",
+                    f"record {number} has no valid length in its header: the file is damaged or cut short, or it is "
+                    "not a WARC (JSON lines? then --input-format jsonl)",
+                ),
+            )
             return
         if cut:
             what = f"the record of {url[:200]}" if page else f"record {number}"
@@ -327,7 +345,7 @@ def read_warc(stream: BinaryIO, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Numb
 
 def _damaged(where: str, error: Exception) -> RecordError:
     why = f"{type(error).__name__}: {error}".encode("unicode_escape").decode("ascii")[:300]  # (it may quote raw bytes)
-    return RecordError("bad_warc", f"the WARC file is damaged {where}: {why}")
+    return RecordError("bad_warc", f"the WARC file is damaged {where} ({why})")
 
 
 class _Counted(io.RawIOBase):
@@ -381,32 +399,56 @@ def _split_content_type(value: str | None) -> tuple[str | None, str | None]:
     return mime.strip().lower() or None, charset
 
 
-def sniff_format(path: Path) -> str:
-    """'warc' or 'jsonl', from the name and then the first bytes."""
+def sniff_format(path: Path, raw: io.BufferedReader | None = None) -> str:
+    """'warc' or 'jsonl', from the name and then the first bytes: peeked from ``raw`` (``path``
+    opened, as :func:`open_input` does) when given, which leaves them to be read.  Without
+    ``raw`` the path is opened to look: never so for a pipe (``<(zcat x)``, ``/dev/stdin``),
+    whose bytes read here would be gone."""
     name = path.name.lower()
     if name.endswith((".warc", ".warc.gz", ".arc.gz")):
         return "warc"
     if name.endswith((".jsonl", ".jsonl.gz", ".ndjson", ".json")):
         return "jsonl"
-    head = _open(path).read(4)
+    if raw is None:
+        with path.open("rb") as f:
+            return sniff_format(path, f)
+    head = raw.peek(4)[:4]
+    if head[:2] == GZIP_MAGIC:
+        with gzip.GzipFile(fileobj=io.BytesIO(raw.peek(1 << 16))) as unzipped:
+            try:
+                head = unzipped.read(4)
+            except (EOFError, OSError, zlib.error):
+                return "jsonl"
     return "warc" if head.startswith(b"WARC") else "jsonl"
 
 
-def _open(path: Path) -> BinaryIO:
-    raw = path.open("rb")
-    if raw.read(2) == b"\x1f\x8b" and not path.name.lower().endswith((".warc.gz", ".arc.gz")):
-        raw.close()
-        return gzip.open(path, "rb")  # type: ignore[return-value]
-    raw.seek(0)
-    return raw
+#: The first bytes of a gzip stream (and of each member of a WARC.gz).
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def open_input(path: Path) -> io.BufferedReader:
+    """``path`` opened once for reading, buffered: its first bytes can be peeked, also when it
+    is a pipe (opening it a second time would find what the first read took gone)."""
+    return path.open("rb")
+
+
+def records_of(stream: BinaryIO, fmt: str, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Numbered:
+    """The numbered records of an opened input (a file from :func:`open_input`, or stdin):
+    WARC / WARC.gz responses, or JSON lines, gunzipped when they start as gzip does."""
+    raw = stream if isinstance(stream, io.BufferedReader) else io.BufferedReader(cast(Any, stream))
+    if fmt == "warc":
+        yield from read_warc(raw, max_bytes)
+    elif raw.peek(2)[:2] == GZIP_MAGIC:
+        with gzip.GzipFile(fileobj=raw) as unzipped:
+            yield from read_jsonl(cast(BinaryIO, unzipped), max_bytes)
+    else:
+        yield from read_jsonl(raw, max_bytes)
 
 
 def read_pages(path: Path, fmt: str = "auto", max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Numbered:
     """Records of a JSON-lines (optionally gzipped) or WARC file, numbered for error reports."""
-    fmt = sniff_format(path) if fmt == "auto" else fmt
-    with _open(path) as stream:
-        reader = read_warc if fmt == "warc" else read_jsonl
-        yield from reader(stream, max_bytes)
+    with open_input(path) as raw:
+        yield from records_of(raw, sniff_format(path, raw) if fmt == "auto" else fmt, max_bytes)
 
 
 def page_text(page: Page) -> str:

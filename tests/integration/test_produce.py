@@ -319,3 +319,57 @@ def test_a_warc_gz_cut_short_on_stdin_is_reported_and_exits_with_an_error(kafka)
     assert result.returncode == 1, stderr
     assert "bad_warc" in stderr and "damaged or cut short" in stderr and "Traceback" not in stderr, stderr
     assert [r.key for r in read_topic(kafka, topic)] == [b"http://a/1", b"http://a/2"]
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["jsonl", "jsonl.gz"])
+def test_a_pipe_given_as_a_path_is_sent_whole(kafka, tmp_path, gz):
+    """``produce <(zcat pages.jsonl.gz)``: the path was opened once to look at two bytes (8 KiB
+    read and thrown away) and again to read it: pages lost with exit 0."""
+    import os
+    import threading
+
+    topic = kafka.create_topic(unique_name("produce-fifo"), partitions=1)
+    pages = [{"url": f"http://fifo.example/{i}", "content": f"<p>page {i} {'word ' * 40}</p>"} for i in range(300)]
+    data = b"".join(json.dumps(p).encode() + b"\n" for p in pages)
+    fifo = tmp_path / "pages"
+    os.mkfifo(fifo)
+
+    def write() -> None:
+        with open(fifo, "wb") as f:
+            f.write(gzip.compress(data) if gz else data)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    proc = subprocess.run(
+        [STREAMDEDUP, "produce", str(fifo), "--brokers", kafka.bootstrap, "--pages-topic", topic],
+        capture_output=True,
+        timeout=120,
+    )
+    writer.join(10)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert [r.key for r in read_topic(kafka, topic)] == [p["url"].encode() for p in pages]
+
+
+def test_json_lines_sent_as_a_warc_are_an_error_not_zero_pages(kafka, tmp_path):
+    """(``--input-format warc`` on JSON lines: "sent 0 pages", exit 0.)"""
+    topic = kafka.create_topic(unique_name("produce-not-warc"), partitions=1)
+    src = tmp_path / "pages.jsonl"
+    src.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in GOOD))
+    proc = subprocess.run(
+        [
+            STREAMDEDUP,
+            "produce",
+            str(src),
+            "--input-format",
+            "warc",
+            "--brokers",
+            kafka.bootstrap,
+            "--pages-topic",
+            topic,
+        ],
+        capture_output=True,
+        timeout=60,
+    )
+    stderr = proc.stderr.decode()
+    assert proc.returncode == 1 and "Traceback" not in stderr, stderr
+    assert "bad_warc" in stderr and "not a WARC (JSON lines? then --input-format jsonl)" in stderr
