@@ -13,6 +13,7 @@ import gzip
 import io
 import json
 import logging
+import math
 import sys
 import time
 import zlib
@@ -272,6 +273,7 @@ Examples:
     type=click.FloatRange(min=0, min_open=True),
     default=None,
     metavar="SECONDS",
+    callback=lambda ctx, param, value: _finite(value),
     help="Stop after SECONDS without a new record.",
 )
 @settings_options(only=VERDICTS)
@@ -291,6 +293,13 @@ def verdicts(
         raise click.ClickException(str(e)) from None
     if timeout is not None and (max_records is None or n < max_records):
         click.echo(f"stopped after {timeout:g} s without a new record ({n} shown)", err=True)
+
+
+def _finite(seconds: float | None) -> float | None:
+    """(click's FloatRange takes nan and inf: a wait without an end.)"""
+    if seconds is not None and not math.isfinite(seconds):
+        raise click.BadParameter(f"{seconds} is not a number of seconds; use e.g. 10", param_hint="--timeout")
+    return seconds
 
 
 async def _tail(

@@ -562,7 +562,10 @@ class VerdictRecord:
         ...                         b'"partition": 0, "offset": 7}').offset
         7
         """
-        data = json.loads(raw)
+        try:
+            data = json.loads(raw)
+        except RecursionError:  # (nested past the parser's recursion limit)
+            raise ValueError("JSON nested too deeply") from None
         if not isinstance(data, dict) or not all(isinstance(data.get(k), str) for k in ("id", "url", "verdict")):
             raise ValueError("no id, url and verdict")
         values: dict[str, Any] = {f.name: data.get(f.name) for f in fields(cls)}
@@ -598,29 +601,35 @@ class OutputRecord:
         partition: int,
         offset: int,
         key: bytes | None,
-        value: bytes,
-        headers: Iterable[tuple[str, bytes]],
+        value: bytes | None,
+        headers: Iterable[tuple[str, bytes | None]],
     ) -> OutputRecord:
-        """
+        """Any record (a header without a value, a record without one, a distance that is no
+        number: what other producers may write) gives one; what is not there is None.
+
         >>> r = OutputRecord.from_kafka("pages.near-duplicate", 0, 3, b"b", b'{"url": "http://a/b"}',
         ...                             [("streamdedup-verdict", b"near_duplicate"), ("streamdedup-distance", b"2")])
         >>> r.verdict, r.distance, r.url
         ('near_duplicate', 2, 'http://a/b')
+        >>> r = OutputRecord.from_kafka("t", 0, 4, None, None, [("x", None), ("streamdedup-distance", b"two")])
+        >>> r.value, r.headers["x"], r.distance
+        (b'', b'', None)
         """
-        hdrs = dict(headers)
+        hdrs = {name: v or b"" for name, v in headers}
         ours = {
             name.removeprefix(HEADER_PREFIX).replace("-", "_"): v.decode("utf-8", "replace")
             for name, v in hdrs.items()
             if name.startswith(HEADER_PREFIX)
         }
         distance = ours.pop("distance", None)
+        distance = distance if distance is not None and distance.strip().lstrip("-").isdigit() else None
         known = {f.name for f in fields(cls)} - {"topic", "partition", "offset", "key", "value", "headers"}
         return cls(
             topic,
             partition,
             offset,
             None if key is None else key.decode("utf-8", "replace"),
-            value,
+            value or b"",
             hdrs,
             distance=int(distance) if distance is not None else None,
             **{k: v for k, v in ours.items() if k in known},

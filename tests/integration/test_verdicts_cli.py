@@ -225,3 +225,47 @@ def test_consumer_from_latest_and_as_a_group(kafka):
         return old, new, resumed
 
     assert asyncio.run(run()) == (["http://a/x", "http://a/y"], ["http://a/w"], [5])
+
+
+def test_records_other_producers_may_write_are_shown_not_a_traceback(kafka):
+    """A header without a value (Kafka allows it; the worker copies the input's headers onto its
+    outputs), a record without a value, a distance that is no number, a verdicts record nested
+    past the parser's limit: each raised out of ``verdicts`` (AttributeError, TypeError,
+    ValueError, RecursionError)."""
+    unique, verdicts = kafka.create_topic(unique_name("odd-unique")), kafka.create_topic(unique_name("odd-verdicts"))
+    _write(
+        kafka,
+        [
+            (unique, b"a", PAGE_X, [("crawler-run", None), ("streamdedup-verdict", b"unique")]),
+            (unique, b"b", None, [("streamdedup-verdict", b"unique")]),
+            (unique, b"c", PAGE_Y, [("streamdedup-verdict", b"near_duplicate"), ("streamdedup-distance", b"two")]),
+            (verdicts, b"d", b"[" * 100_000 + b"]" * 100_000, []),
+        ],
+    )
+    flags = ["verdicts", "--brokers", kafka.bootstrap, "--unique-topic", unique, "--from-beginning", "--timeout", "2"]
+    human = CliRunner().invoke(main, [*flags, "--topic", "unique"])
+    assert human.exit_code == 0, human.stderr
+    assert human.stdout.splitlines() == [
+        "unique          http://a/x  fp=None",
+        "unique          b  fp=None",
+        "near_duplicate  http://a/y  fp=None",
+    ]
+    as_json = CliRunner().invoke(main, [*flags, "--topic", "unique", "--format", "json"])
+    assert as_json.exit_code == 0, as_json.stderr
+    records = [json.loads(line) for line in as_json.stdout.splitlines()]
+    assert records[0]["headers"] == {"crawler-run": "", "streamdedup-verdict": "unique"}
+    assert [(r["value_bytes"], r["distance"]) for r in records] == [(len(PAGE_X), None), (0, None), (len(PAGE_Y), None)]
+    deep = CliRunner().invoke(
+        main,
+        ["verdicts", "--brokers", kafka.bootstrap, "--verdicts-topic", verdicts, "--from-beginning", "--timeout", "2"],
+    )
+    assert deep.exit_code == 1 and "Traceback" not in deep.stderr
+    [line] = deep.stderr.splitlines()
+    assert "offset 0 is not a verdict (JSON nested too deeply)" in line
+
+
+@pytest.mark.parametrize("seconds", ["nan", "inf"])
+def test_a_timeout_that_is_no_number_of_seconds_is_refused(seconds):
+    """(click's FloatRange took them: a wait that never ends.)"""
+    result = CliRunner().invoke(main, ["verdicts", "--brokers", "127.0.0.1:1", "--timeout", seconds])
+    assert result.exit_code == 2 and "is not a number of seconds; use e.g. 10" in result.stderr
