@@ -9,6 +9,7 @@ import threading
 import time
 from typing import Any
 
+from aiokafka import errors as kafka_errors
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import TopicAlreadyExistsError
@@ -85,14 +86,34 @@ async def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
         created = []
         for topic in new:  # one by one: another worker may be creating the same ones
             try:
-                await admin.create_topics([topic])
-                created.append(topic.name)
+                response = await admin.create_topics([topic])
             except TopicAlreadyExistsError:
-                pass
+                continue
+            # (the broker answers each topic's error in the response, it raises none of them)
+            for error in response.to_object()["topic_errors"]:
+                kind = kafka_errors.for_code(error["error_code"])
+                if error["error_code"] == 0 or kind is TopicAlreadyExistsError:
+                    continue
+                raise TopicError(
+                    f"the broker refused to create topic {error['topic']!r}: {error.get('error_message') or kind.__name__}"
+                    f"{_TOPIC_ADVICE.get(kind.__name__, '')}"
+                )
+            created.append(topic.name)
         await check_message_bytes(admin, settings)
         return created
     finally:
         await admin.close()
+
+
+#: What to change for the broker's refusals a setting causes.
+_TOPIC_ADVICE = {
+    "InvalidReplicationFactorError": " (set --replication-factor / STREAMDEDUP_REPLICATION_FACTOR to at most the "
+    "number of brokers)",
+    "InvalidConfigurationError": " (a topic setting the broker takes from --max-page-bytes: use a smaller one)",
+    "PolicyViolationError": " (the cluster's topic creation policy: create the topics beforehand, as the topics job of deploy/docker-compose.yml does)",
+    "TopicAuthorizationFailedError": " (grant this client CREATE on the cluster, or create the topics beforehand)",
+    "ClusterAuthorizationFailedError": " (grant this client CREATE on the cluster, or create the topics beforehand)",
+}
 
 
 def needed_message_bytes(settings: Settings) -> int:

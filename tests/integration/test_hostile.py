@@ -288,6 +288,30 @@ def test_worker_refuses_a_max_page_bytes_its_output_topics_cannot_carry(kafka, t
     assert str(1048588 - OUTPUT_OVERHEAD_BYTES) in r.stderr  # the largest --max-page-bytes that fits
 
 
+@pytest.mark.parametrize(
+    "setting, why",
+    [
+        ({"STREAMDEDUP_REPLICATION_FACTOR": "3"}, "set --replication-factor / STREAMDEDUP_REPLICATION_FACTOR"),
+        ({"STREAMDEDUP_MAX_PAGE_BYTES": "3000000000"}, "use a smaller one"),
+    ],
+    ids=["replication-factor", "max-page-bytes"],
+)
+def test_a_topic_the_broker_refuses_to_create_is_named_with_the_broker_s_reason(kafka, tmp_path, setting, why):
+    """(The refusal in the broker's answer went unread: the worker failed ~15 s later with "cannot
+    read the configuration of topic ...: error 3".)"""
+    topics = StreamTopics.fresh(kafka, partitions=1)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMDEDUP_")}
+    env.update(topics.env())
+    env.update({"STREAMDEDUP_BROKERS": kafka.bootstrap, "STREAMDEDUP_DATA_DIR": str(tmp_path / "data"), **setting})
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, "-m", "streamdedup", "worker"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "the broker refused to create topic" in r.stderr and why in r.stderr, r.stderr[-2000:]
+    assert time.monotonic() - t0 < 12
+
+
 def test_a_header_key_that_is_not_utf8_is_a_dead_letter_not_a_stopped_worker(kafka, tmp_path):
     """Java producers write header keys as Strings; kcat (librdkafka) writes any bytes, and the
     broker keeps them.  aiokafka's parser raised on such a key in faust's fetcher: the worker
