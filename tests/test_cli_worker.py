@@ -31,8 +31,44 @@ def test_bad_settings_exit_2_with_a_fix(args, env, message):
     assert "Traceback" not in result.output
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def test_an_unreachable_cluster_is_one_line_and_exit_1(tmp_path):
-    result = CliRunner().invoke(main, ["worker", "--brokers", "127.0.0.1:1", "--data-dir", str(tmp_path)])
+    # (a free web port: the default one may be a running worker's, which is checked first)
+    args = ["--brokers", "127.0.0.1:1", "--data-dir", str(tmp_path), "--web-port", str(_free_port())]
+    result = CliRunner().invoke(main, ["worker", *args])
     assert result.exit_code == 1
     assert "cannot connect to Kafka at 127.0.0.1:1" in result.output and "check --brokers" in result.output
     assert "Traceback" not in result.output
+
+
+def test_a_web_port_in_use_is_one_line_before_anything_is_created(tmp_path):
+    """(faust found out after the topics were created: an OSError traceback.)"""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(
+            main, ["worker", "--brokers", "127.0.0.1:1", "--data-dir", str(tmp_path), "--web-port", str(port)]
+        )
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    [line] = result.output.splitlines()
+    assert (
+        f"--web-port / STREAMDEDUP_WEB_PORT: cannot listen on 127.0.0.1:{port}" in line and "pick a free port" in line
+    )
+
+
+def test_a_web_host_that_does_not_resolve_is_one_line(tmp_path):
+    result = CliRunner().invoke(
+        main, ["worker", "--brokers", "127.0.0.1:1", "--data-dir", str(tmp_path), "--web-host", "no.such.host.invalid"]
+    )
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "--web-host / STREAMDEDUP_WEB_HOST: cannot resolve 'no.such.host.invalid'" in result.output

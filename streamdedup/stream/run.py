@@ -169,6 +169,30 @@ async def topic_message_bytes(admin: AIOKafkaAdminClient, names: list[str], wait
         await asyncio.sleep(0.2)
 
 
+def check_web_address(settings: Settings) -> None:
+    """TopicError (one line) when the web server (/metrics, POST /check) cannot bind its address:
+    faust would find out only after the topics, with a traceback."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(settings.web_host, settings.web_port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        raise TopicError(
+            f"--web-host / STREAMDEDUP_WEB_HOST: cannot resolve {settings.web_host!r} ({e}); use an address of "
+            "this machine, e.g. 127.0.0.1 or 0.0.0.0"
+        ) from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as aiohttp binds)
+        try:
+            probe.bind(address)
+        except OSError as e:
+            raise TopicError(
+                f"--web-port / STREAMDEDUP_WEB_PORT: cannot listen on {settings.web_host}:{settings.web_port} "
+                f"({e.strerror or e}); pick a free port (another worker on this machine needs its own)"
+            ) from None
+
+
 def run_worker(settings: Settings) -> None:
     """Run until stopped (never returns: faust's Worker exits the process)."""
     import faust
@@ -183,6 +207,7 @@ def run_worker(settings: Settings) -> None:
             f"cannot create the data directory {settings.data_dir} ({e}); "
             "use --data-dir / STREAMDEDUP_DATA_DIR with a writable path"
         ) from None
+    check_web_address(settings)
     created = asyncio.run(ensure_topics(settings))
     if created:
         log.info("created topics: %s", ", ".join(created))
