@@ -461,10 +461,20 @@ class PageProducer:
         self._producer: AIOKafkaProducer | None = None
 
     async def start(self) -> None:
-        """Connect, and check that the pages topic exists (raises :class:`ClientError`)."""
+        """Connect, and check that the pages topic exists (raises :class:`ClientError`).
+
+        Without creating it: asking for one topic's metadata makes a broker with
+        ``auto.create.topics.enable`` (the default) create it with its default partition count,
+        which the worker then refuses (it must have --partitions)."""
         self._producer = AIOKafkaProducer(**self._kwargs)
         await _start(self._producer, self._settings, self._connect_timeout)
         try:
+            cluster = await asyncio.wait_for(self._producer.client.fetch_all_metadata(), self._connect_timeout)
+            if self.topic not in cluster.topics():
+                raise ClientError(
+                    f"topic {self.topic!r} does not exist; start the worker, which creates its topics with "
+                    "--partitions, or check --pages-topic"
+                )
             await asyncio.wait_for(self._producer.partitions_for(self.topic), self._connect_timeout)
         except (TimeoutError, KafkaError) as e:
             await self._producer.stop()
@@ -472,6 +482,9 @@ class PageProducer:
                 f"topic {self.topic!r} is not available ({type(e).__name__}); start the worker, "
                 "which creates its topics, or check --pages-topic"
             ) from None
+        except ClientError:
+            await self._producer.stop()
+            raise
 
     async def stop(self) -> None:
         """Send what is pending and disconnect."""

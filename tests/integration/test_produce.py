@@ -373,3 +373,34 @@ def test_json_lines_sent_as_a_warc_are_an_error_not_zero_pages(kafka, tmp_path):
     stderr = proc.stderr.decode()
     assert proc.returncode == 1 and "Traceback" not in stderr, stderr
     assert "bad_warc" in stderr and "not a WARC (JSON lines? then --input-format jsonl)" in stderr
+
+
+def test_a_pages_topic_that_does_not_exist_is_an_error_and_is_not_created(kafka, tmp_path):
+    """(Asking for its partitions made the broker create it with its own default partition count,
+    and the worker then refused to start on it: "has 1 partitions but --partitions is 8".)"""
+    import asyncio
+
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    topic = unique_name("never-created")
+    src = tmp_path / "pages.jsonl"
+    src.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in GOOD))
+    proc = subprocess.run(
+        [STREAMDEDUP, "produce", str(src), "--brokers", kafka.bootstrap, "--pages-topic", topic],
+        capture_output=True,
+        timeout=60,
+    )
+    stderr = proc.stderr.decode()
+    assert proc.returncode == 1 and "Traceback" not in stderr, stderr
+    assert f"topic {topic!r} does not exist; start the worker, which creates its topics" in stderr
+
+    async def topics() -> list[str]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+        await admin.start()
+        try:
+            return await admin.list_topics()
+        finally:
+            await admin.close()
+
+    time.sleep(1)  # (an auto-creation would have shown by now)
+    assert topic not in asyncio.run(topics())
