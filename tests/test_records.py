@@ -436,3 +436,27 @@ def test_a_page_read_in_c_goes_to_a_process_pool_and_back():
 
     page = page_from_json(b'{"url": "http://a/", "content": "<p>alpha \\u00e9</p>"}')
     assert pickle.loads(pickle.dumps(page)) == page and isinstance(page.content, Utf8Text)
+
+
+def test_a_line_over_the_limit_is_too_large_and_never_held_whole():
+    """A file without a line end (a .tar given by mistake) was read into memory at once, whatever
+    --max-page-bytes said; ``scan`` and ``produce`` read their lines through the same reader."""
+    import tracemalloc
+
+    from streamdedup.cli.crawler import _read
+
+    huge = b"x" * 40_000_000
+    good = json.dumps({"url": "http://a/", "content": "<p>fine</p>"}).encode()
+    data = good + b"\n" + huge + b"\n" + good + b"\n"
+    tracemalloc.start()
+    try:
+        got = [(n, p.reason if isinstance(p, RecordError) else p.url) for n, p in read_jsonl(io.BytesIO(data), 1024)]
+        sent = [
+            (n, x.reason if isinstance(x, RecordError) else len(x)) for n, x in _read(io.BytesIO(data), "jsonl", 1024)
+        ]
+        peak = tracemalloc.get_traced_memory()[1] - len(data)  # (the test's own copy of the data aside)
+    finally:
+        tracemalloc.stop()
+    assert got == [(1, "http://a/"), (2, "too_large"), (3, "http://a/")]
+    assert sent == [(1, len(good)), (2, "too_large"), (3, len(good))]
+    assert peak < 8_000_000, peak

@@ -29,7 +29,15 @@ from aiokafka.errors import KafkaError, MessageSizeTooLargeError, RecordListTooL
 
 from streamdedup.cli.options import PRODUCE, VERDICTS, settings_from_click, settings_options
 from streamdedup.crawler.client import OutputConsumer, OutputRecord, PageProducer, VerdictConsumer, VerdictRecord
-from streamdedup.engine.records import DAMAGED_WARC, GZIP_MAGIC, Page, open_input, records_of, sniff_format
+from streamdedup.engine.records import (
+    DAMAGED_WARC,
+    GZIP_MAGIC,
+    Page,
+    bounded_lines,
+    open_input,
+    records_of,
+    sniff_format,
+)
 from streamdedup.errors import ClientError, RecordError
 from streamdedup.settings import Settings
 
@@ -199,14 +207,16 @@ def _read(raw: BinaryIO, fmt: str, max_bytes: int) -> Iterator[tuple[int, Page |
     buffered = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(cast(Any, raw))
     if buffered.peek(2)[:2] == GZIP_MAGIC:
         with gzip.GzipFile(fileobj=buffered) as unzipped:
-            yield from _lines(cast(IO[bytes], unzipped))
+            yield from _lines(cast(IO[bytes], unzipped), max_bytes)
     else:
-        yield from _lines(buffered)
+        yield from _lines(buffered, max_bytes)
 
 
-def _lines(stream: IO[bytes]) -> Iterator[tuple[int, bytes]]:
-    for number, line in enumerate(stream, start=1):
-        if line.strip():
+def _lines(stream: IO[bytes], max_bytes: int) -> Iterator[tuple[int, bytes | RecordError]]:
+    for number, line in enumerate(bounded_lines(cast(BinaryIO, stream), max_bytes), start=1):
+        if isinstance(line, RecordError):
+            yield number, line
+        elif line.strip():
             yield number, line.rstrip(b"\r\n")
 
 

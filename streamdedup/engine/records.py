@@ -49,6 +49,7 @@ __all__ = [
     "sniff_format",
     "open_input",
     "records_of",
+    "bounded_lines",
     "GZIP_MAGIC",
 ]
 
@@ -230,13 +231,34 @@ Numbered = Iterator[tuple[int, "Page | RecordError"]]
 
 def read_jsonl(stream: BinaryIO, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Numbered:
     """(line number, page or error) for each non-blank line of a JSON-lines stream."""
-    for number, line in enumerate(stream, start=1):
+    for number, line in enumerate(bounded_lines(stream, max_bytes), start=1):
+        if isinstance(line, RecordError):
+            yield number, line
+            continue
         if not line or line.isspace():  # (not .strip(): no copy of the line)
             continue
         try:
             yield number, page_from_json(line.rstrip(b"\r\n"), max_bytes)
         except RecordError as e:
             yield number, e
+
+
+def bounded_lines(stream: BinaryIO, max_bytes: int) -> Iterator[bytes | RecordError]:
+    """The lines of ``stream``, each with its line end; a line over ``max_bytes`` (its end not
+    counted) is a ``too_large`` error instead, read past in pieces and never held whole (a file
+    with no line end, a .tar given by mistake, would otherwise be read into memory at once).
+
+    >>> [x if isinstance(x, bytes) else x.reason for x in bounded_lines(io.BytesIO(b"ab\\nabcdef\\r\\nabc"), 4)]
+    [b'ab\\n', 'too_large', b'abc']
+    """
+    while line := stream.readline(max_bytes + 3):  # (the line and a "\r\n", and one byte to tell)
+        if len(line) <= max_bytes or len(line.rstrip(b"\r\n")) <= max_bytes:
+            yield line
+            continue
+        size = len(line.rstrip(b"\r\n"))
+        while not line.endswith(b"\n") and (line := stream.readline(1 << 20)):
+            size += len(line.rstrip(b"\r\n"))
+        yield RecordError("too_large", f"the record is {size} bytes, over the limit of {max_bytes}")
 
 
 #: What ``produce`` and ``scan`` exit with after a ``bad_warc`` record (what followed was not read)
