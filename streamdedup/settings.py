@@ -494,9 +494,18 @@ class Settings:
 
     @classmethod
     def from_sources(
-        cls, flags: Mapping[str, Any], env: Mapping[str, str], *, allow_env: Collection[str] = ENV_ALLOWLIST
+        cls,
+        flags: Mapping[str, Any],
+        env: Mapping[str, str],
+        *,
+        allow_env: Collection[str] = ENV_ALLOWLIST,
+        fields_used: Collection[str] | None = None,
     ) -> Settings:
         """Flags (keyed by field name; None = not given) override ``env``, which overrides defaults.
+
+        ``fields_used``: the fields a command has (None: all); the environment's values of the
+        others are not read (a worker's STREAMDEDUP_SECURITY_PROTOCOL must not stop ``scan``),
+        though every STREAMDEDUP_* name must still be a setting's.
 
         >>> Settings.from_sources({}, {"STREAMDEDUP_KAY": "3"})
         Traceback (most recent call last):
@@ -518,7 +527,7 @@ class Settings:
         raw = {
             name: flags[name] if flags.get(name) is not None else env[meta["env"]]
             for name, meta in specs.items()
-            if flags.get(name) is not None or meta["env"] in env
+            if flags.get(name) is not None or (meta["env"] in env and (fields_used is None or name in fields_used))
         }
         if (path := _parse("sasl_password_file", raw.get("sasl_password_file"))) is not None:
             if _optional(str)(raw.get("sasl_password")) is not None:

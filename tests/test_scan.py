@@ -345,3 +345,27 @@ def test_verdicts_that_cannot_be_written_are_a_one_line_error(tmp_path, where):
     assert b"Error: cannot write the verdicts to " in proc.stderr
     if where != "missing-dir":
         assert b"No space left on device" in proc.stderr and b"incomplete" in proc.stderr
+
+
+def test_the_settings_of_other_commands_in_the_environment_do_not_stop_scan(tmp_path):
+    """A worker's environment (SASL without its mechanism, which only the worker's Kafka settings
+    complete; a malformed worker-only value) stopped ``scan``, which talks to no Kafka; a
+    misspelt STREAMDEDUP_* name still does."""
+    import os
+
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(jsonl(PAGES))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMDEDUP_")}
+    worker = {"STREAMDEDUP_SECURITY_PROTOCOL": "SASL_SSL", "STREAMDEDUP_PARTITIONS": "eight"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "streamdedup", "scan", str(src)], env={**env, **worker}, capture_output=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout.splitlines()) == len(PAGES)
+    typo = subprocess.run(
+        [sys.executable, "-m", "streamdedup", "scan", str(src)],
+        env={**env, "STREAMDEDUP_PARTITONS": "4"},
+        capture_output=True,
+        timeout=120,
+    )
+    assert typo.returncode == 2 and b"did you mean STREAMDEDUP_PARTITIONS?" in typo.stderr

@@ -88,13 +88,14 @@ def _add_options(command: F, only: tuple[str, ...] | None, texts: Mapping[str, s
 
 
 def settings_from_click(params: Mapping[str, Any]) -> Settings:
-    """Build the Settings from a command's parameters (other parameters are ignored) and ``os.environ``.
+    """Build the Settings from a command's parameters (other parameters are ignored) and ``os.environ``
+    (only the variables of the command's own settings: those of other commands are not read).
 
     A bad setting becomes a ``click.UsageError``: exit status 2, a one-line message, no traceback.
     """
     names = {f.name for f in fields(Settings)}
     flags = {k: v for k, v in params.items() if k in names and v is not None}
-    try:
-        return Settings.from_sources(flags, os.environ)
+    try:  # (the command's own settings: params holds each of its options, None when not given)
+        return Settings.from_sources(flags, os.environ, fields_used={k for k in params if k in names})
     except SettingsError as e:
         raise click.UsageError(" ".join(str(e).splitlines())) from None
