@@ -158,6 +158,19 @@ def process_died(bands: BandScheme | None = None) -> Fingerprinted:
     return Fingerprinted(np.zeros(0, dtype=np.uint64), [(0, "internal_error", PROCESS_DIED)], [], empty)
 
 
+def too_slow(why: str, bands: BandScheme | None = None) -> Fingerprinted:
+    """What :func:`fingerprint_contents` of one page gives when it ran past its deadline (its
+    process was killed): ``unparsable``, since what takes that long is hostile markup."""
+    empty = None if bands is None else np.zeros((0, bands.extra_bytes), dtype=np.uint8)
+    return Fingerprinted(np.zeros(0, dtype=np.uint64), [(0, "unparsable", f"{why} (hostile markup?)")], [], empty)
+
+
+def content_bytes(content: tuple) -> int:
+    """The size of a :meth:`Parsed.contents` item's text (characters of a str), for its deadline."""
+    text = content[0]
+    return len(text.data) if isinstance(text, Utf8Text) else len(text)
+
+
 def join_fingerprinted(parts: Sequence[tuple[int, Fingerprinted]], bands: BandScheme | None = None) -> Fingerprinted:
     """:func:`fingerprint_contents` of consecutive parts of one batch, each given with the
     position of its first content, as one result for the batch."""

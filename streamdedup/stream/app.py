@@ -36,10 +36,12 @@ from streamdedup.pipeline.intake import (
     Fingerprinted,
     Intake,
     Record,
+    content_bytes,
     fingerprint_contents,
     join_fingerprinted,
     parse,
     process_died,
+    too_slow,
 )
 from streamdedup.pipeline.offsets import Delivery
 from streamdedup.pipeline.pending import Pending, Waiting
@@ -62,7 +64,7 @@ from streamdedup.stream.gauges import Gauges
 from streamdedup.stream.logs import install as rate_limit_client_logs
 from streamdedup.stream.metrics import Metrics, setup_faust_sensor
 from streamdedup.stream.outbox import Outbox, latency_seconds
-from streamdedup.stream.pool import BrokenProcessPool, FingerprintPool
+from streamdedup.stream.pool import BrokenProcessPool, FingerprintPool, deadline_seconds
 from streamdedup.stream.recovery import ShardTables
 from streamdedup.stream.store import SCHEME, BulkReplay, ShardStore
 
@@ -1094,25 +1096,50 @@ class Worker:
         """:func:`fingerprint_contents` in the pool.  A batch whose process died is run again in
         new processes (:class:`~streamdedup.stream.pool.FingerprintPool`); one that kills those
         too is run page by page, so the page that kills a process becomes a dead letter
-        (``internal_error``) and the others are judged."""
+        (``internal_error``) and the others are judged.  A batch that runs past its deadline
+        (:func:`~streamdedup.stream.pool.deadline_seconds`) has its processes killed and is run
+        page by page at once: a page past its own deadline is ``unparsable``."""
         assert self._pool is not None
-        loop, args = asyncio.get_running_loop(), (self.settings.cluster_n, self.bands)
+        args = (self.settings.cluster_n, self.bands)
         for _ in range(2):
             try:
-                return await loop.run_in_executor(self._pool, fingerprint_contents, contents, *args)
+                return await self._in_pool(contents, args)
             except BrokenProcessPool:
                 self.metrics.errors.labels("pool").inc()
-        log.error(
-            "the fingerprinting processes died twice on a batch of %d pages; running it page by page", len(contents)
-        )
+            except TimeoutError as e:
+                self.metrics.errors.labels("pool").inc()
+                log.error("%s; running its %d pages one by one", e, len(contents))
+                break
+        else:
+            log.error(
+                "the fingerprinting processes died twice on a batch of %d pages; running it page by page",
+                len(contents),
+            )
         parts: list[tuple[int, Fingerprinted]] = []
         for i, content in enumerate(contents):
             try:
-                parts.append((i, await loop.run_in_executor(self._pool, fingerprint_contents, [content], *args)))
+                parts.append((i, await self._in_pool([content], args)))
             except BrokenProcessPool:
                 self.metrics.errors.labels("pool").inc()
                 parts.append((i, process_died(self.bands)))
+            except TimeoutError as e:
+                self.metrics.errors.labels("pool").inc()
+                parts.append((i, too_slow(str(e), self.bands)))
         return join_fingerprinted(parts, self.bands)
+
+    async def _in_pool(self, contents: list, args: tuple) -> Fingerprinted:
+        """:func:`fingerprint_contents` of ``contents`` in the pool, within its deadline
+        (TimeoutError past it, after the pool's processes are killed)."""
+        assert self._pool is not None
+        seconds = deadline_seconds(sum(content_bytes(c) for c in contents))
+        future = self._pool.submit(fingerprint_contents, contents, *args)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), seconds)
+        except TimeoutError:
+            self._pool.kill()
+            raise TimeoutError(
+                f"fingerprinting {len(contents)} page(s) took over {seconds:.0f}s: their processes were killed"
+            ) from None
 
     def _drained(self, task: asyncio.Task) -> None:
         self._in_flight -= 1

@@ -34,6 +34,7 @@ from streamdedup.pipeline.pending import Pending
 from streamdedup.pipeline.routing import verdict_record
 from streamdedup.pipeline.shard import Plan
 from streamdedup.pipeline.wire import CHECKS, encode
+from streamdedup.stream.pool import BrokenProcessPool, FingerprintPool, deadline_seconds
 
 __all__ = ["Checker", "Judged", "judge_body", "RETRY_AFTER_SECONDS"]
 
@@ -146,9 +147,26 @@ class Checker:
 
     async def _check(self, body: bytes) -> tuple[int, dict, dict]:
         loop = asyncio.get_running_loop()
-        judged = await loop.run_in_executor(
+        judging = loop.run_in_executor(
             self.pool, judge_body, body, self.max_bytes, int(time.time() * 1000), self.cluster_n, self.bands
         )
+        seconds = deadline_seconds(len(body))
+        try:  # (a page that takes longer is hostile markup; it would hold the stream's pages up)
+            judged = await asyncio.wait_for(judging, seconds)
+        except TimeoutError:
+            if isinstance(self.pool, FingerprintPool):
+                self.pool.kill()  # (a running task cannot be cancelled)
+            return (
+                400,
+                {"error": f"parsing this page took over {seconds:.0f}s (hostile markup?)", "reason": "unparsable"},
+                {},
+            )
+        except BrokenProcessPool:  # (its process died, or was killed for another's deadline)
+            return (
+                503,
+                {"error": "the fingerprinting process was restarted; retry", "reason": "busy"},
+                {"Retry-After": str(RETRY_AFTER_SECONDS)},
+            )
         if judged.reason is not None:
             status = 413 if judged.reason == "too_large" else 500 if judged.reason == "internal_error" else 400
             return status, {"error": judged.error, "reason": judged.reason}, {}

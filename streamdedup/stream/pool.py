@@ -11,7 +11,8 @@ page, an operator's ``kill``).  A ``ProcessPoolExecutor`` is then broken for goo
 submit raises ``BrokenProcessPool``, which turned every later page into a dead letter until the
 worker restarted.  :class:`FingerprintPool` starts new processes at the next submit instead;
 the tasks that were running fail with ``BrokenProcessPool`` and their callers run them again
-(the worker: :meth:`streamdedup.stream.app.Worker._fingerprint`).
+(the worker: :meth:`streamdedup.stream.app.Worker._fingerprint`).  A task that runs past its
+deadline (:func:`deadline_seconds`) has its processes killed the same way.
 """
 
 from __future__ import annotations
@@ -25,7 +26,24 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-__all__ = ["fingerprint_pool", "FingerprintPool", "BrokenProcessPool"]
+__all__ = ["fingerprint_pool", "FingerprintPool", "BrokenProcessPool", "deadline_seconds"]
+
+#: How long fingerprinting may take: a base, and more for each MiB of content.  Pages of a few
+#: MiB take well under a second (bench/README.md); a page that takes longer is hostile (lexbor
+#: parses an element's attributes in time quadratic in their count: 400,000 of them in one tag,
+#: 3 MB, ran for minutes and held up every page behind it).
+DEADLINE_SECONDS = 10.0
+DEADLINE_SECONDS_PER_MIB = 2.0
+
+
+def deadline_seconds(content_bytes: int) -> float:
+    """The time fingerprinting ``content_bytes`` of pages may take before its process is killed.
+
+    >>> deadline_seconds(0), deadline_seconds(5 << 20)
+    (10.0, 20.0)
+    """
+    return DEADLINE_SECONDS + DEADLINE_SECONDS_PER_MIB * content_bytes / (1 << 20)
+
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +103,14 @@ class FingerprintPool(Executor):
         self._pool = fingerprint_pool(self.processes)
         # (a broken pool's manager thread has ended or is ending: this does not wait for work)
         old.shutdown(wait=True, cancel_futures=True)
+
+    def kill(self) -> None:
+        """Kill the processes (a task ran past its deadline: a running task cannot be cancelled);
+        the tasks they ran fail with ``BrokenProcessPool``, and new processes take their place."""
+        pool = self._pool
+        for process in list(getattr(pool, "_processes", {}).values()):  # (ProcessPoolExecutor's own)
+            process.kill()
+        self.renew(pool)
 
     @property
     def current(self) -> ProcessPoolExecutor:

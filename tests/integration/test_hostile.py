@@ -312,6 +312,44 @@ def test_a_topic_the_broker_refuses_to_create_is_named_with_the_broker_s_reason(
     assert time.monotonic() - t0 < 12
 
 
+def _slow_markup() -> str:
+    """One tag with 250,000 attributes (2.2 MB): lexbor parses an element's attributes in time
+    quadratic in their count, ~2 minutes here (32,000 of them: 1.7 s)."""
+    return "<p " + " ".join(f"a{i}=1" for i in range(250_000)) + ">hello</p>"
+
+
+def test_a_page_that_takes_minutes_to_parse_is_unparsable_and_holds_nothing_up(kafka, tmp_path):
+    """Fingerprinting had no deadline: such a page held its partition, and every page behind it
+    in the one pool process, for minutes; and so did a POST /check of it."""
+    topics = StreamTopics.fresh(kafka, partitions=1)
+    asyncio.run(_alter_pages_topic(kafka, topics.pages, PAGES_TOPIC_BYTES))
+    before, after = _valid(11), _valid(12)
+    slow = json.dumps(page_record("http://slow.example/", _slow_markup())).encode()
+    records = [
+        (0, b"before", json.dumps(before).encode(), []),
+        (0, b"slow", slow, []),
+        (0, b"after", json.dumps(after).encode(), []),
+    ]
+    with WorkerProcess(kafka, topics, tmp_path) as w:
+        t0 = time.monotonic()
+        asyncio.run(_produce(kafka, topics.pages, records))
+        out = wait_for_verdicts(kafka, topics, 2, timeout=90, dead_letters=1)
+        judged = time.monotonic() - t0
+        request = urllib.request.Request(f"http://127.0.0.1:{w.web_port}/check", data=slow, method="POST")
+        t1 = time.monotonic()
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=60)
+        checked = time.monotonic() - t1
+        assert w.proc.poll() is None
+    assert sorted(out["verdicts"]) == [before["url"], after["url"]]
+    (dead,) = out["dead"]
+    assert dead.key == b"slow" and dict(dead.headers)["streamdedup-reason"] == b"unparsable"
+    assert b"took over" in dict(dead.headers)["streamdedup-error"]
+    assert judged < 60, judged  # (the batch's deadline, then the page's own: ~15 s each)
+    assert refused.value.code == 400 and json.loads(refused.value.read())["reason"] == "unparsable"
+    assert checked < 30, checked
+
+
 def test_a_header_key_that_is_not_utf8_is_a_dead_letter_not_a_stopped_worker(kafka, tmp_path):
     """Java producers write header keys as Strings; kcat (librdkafka) writes any bytes, and the
     broker keeps them.  aiokafka's parser raised on such a key in faust's fetcher: the worker
