@@ -311,3 +311,13 @@ def test_bytes_held_are_the_values_of_the_records_held(ops):
         else:
             p.drop(partition)
         assert p.bytes == sum(len(w.value) for part in p._parts.values() for w in part.values())
+
+
+def test_a_check_s_answers_name_no_partition_to_flush():
+    """A check (partition -1) still missing groups gave -1 back, and the worker scheduled a flush
+    of partition -1, which logged "partition -1 is not ours (any more)" for every such check."""
+    p = Pending(n_groups=4)
+    done = []
+    request = p.add_check("c", "http://c/", 5, done.append)
+    assert [p.answer_one(request, g, -1) for g in range(4)] == [None, None, None, None]
+    assert len(done) == 1

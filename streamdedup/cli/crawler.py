@@ -14,6 +14,7 @@ import io
 import json
 import logging
 import math
+import re
 import sys
 import time
 import zlib
@@ -329,7 +330,11 @@ async def _tail(
     n = 0
     async with reader:
         async for record in reader.read(max_records, timeout):
-            click.echo(human_line(record) if fmt == "human" else json.dumps(as_json(record), ensure_ascii=False))
+            line = human_line(record) if fmt == "human" else json.dumps(as_json(record), ensure_ascii=False)
+            try:
+                click.echo(line)
+            except OSError as e:  # (a full disk; a closed pipe is click's and ends quietly)
+                raise ClientError(f"cannot write to standard output ({e.strerror or e}) after {n} records") from None
             n += 1
     return n
 
@@ -343,11 +348,25 @@ def human_line(r: VerdictRecord | OutputRecord) -> str:
     'not_json        k  not JSON'
     """
     if isinstance(r, OutputRecord) and r.verdict is None:
-        return f"{r.reason or '?':<14}  {r.key}  {r.error or ''}"
+        return _printable(f"{r.reason or '?':<14}  {r.key}  {r.error or ''}")
     line = f"{r.verdict:<14}  " + (f"d={r.distance}  " if r.distance is not None else "")
     page = r.url or ((r.key or "?") if isinstance(r, OutputRecord) else r.id)
     line += page + (f"  ~ {r.match_url}" if r.match_url else "")
-    return line + (f"  fp={r.fingerprint}" if isinstance(r, OutputRecord) else "")
+    return _printable(line + (f"  fp={r.fingerprint}" if isinstance(r, OutputRecord) else ""))
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _printable(line: str) -> str:
+    """``line`` with its control characters escaped: a URL with a line end in it (the worker
+    takes any string) made two lines of one page, or a forged one; an escape sequence would
+    drive the terminal.
+
+    >>> _printable("unique  http://a/x\\nnear_duplicate  d=0  http://evil/\\x1b[2J")
+    'unique  http://a/x\\\\nnear_duplicate  d=0  http://evil/\\\\x1b[2J'
+    """
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), line)
 
 
 def as_json(r: VerdictRecord | OutputRecord) -> dict:

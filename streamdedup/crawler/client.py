@@ -653,7 +653,7 @@ class OutputRecord:
         """The page's URL from the input record, if it is a JSON object with one."""
         try:
             data = json.loads(self.value)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):  # (not JSON, or nested past the parser's limit)
             return None
         return data.get("url") if isinstance(data, dict) and isinstance(data.get("url"), str) else None
 

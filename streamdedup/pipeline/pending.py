@@ -239,7 +239,9 @@ class Pending:
             if w.on_done is not None:
                 w.on_done(w)
                 return None
-        return w.partition
+        # (a check, partition -1, has no partition to flush: scheduling one logged "partition -1
+        # is not ours (any more)" for every check still missing an answer)
+        return w.partition if w.partition >= 0 else None
 
     def answer(self, batch: Batch) -> set[int]:
         """Record a decoded answers batch; returns the partitions that may have pages ready."""

@@ -316,6 +316,13 @@ class Worker:
             datadir=str(s.data_dir / "faust"),
             store="memory://",
             web_enabled=True,
+            # /metrics and /check only: faust's own pages (its tables' contents, every worker's
+            # address and partitions, statistics) are for debugging, and /table failed on ours
+            web_router_enabled=False,
+            web_tables_enabled=False,
+            web_stats_enabled=False,
+            web_graph_enabled=False,
+            web_metrics_enabled=False,
             web_port=s.web_port,
             web_bind=s.web_host,
             web_host=s.web_host,
@@ -420,12 +427,15 @@ class Worker:
             async def post(self, request):
                 t0 = time.perf_counter()
                 unread = True  # the body is not read: answer and close rather than read it to discard it
+                encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
                 if (busy := checker.busy()) is not None:  # before reading a body it would not judge
                     status, payload, headers = busy
+                elif encoding not in ("", "identity"):  # (aiohttp would inflate it on the event loop)
+                    status, payload, headers = 415, UNCOMPRESSED, {"Accept-Encoding": "identity"}
                 else:
                     body, too_large = await checker.read_body(request.content_length, request.content)
                     if too_large is not None:
-                        status, payload, headers = 413, too_large, {}
+                        status, payload, headers = 413 if too_large["reason"] == "too_large" else 400, too_large, {}
                     else:
                         unread = False
                         assert body is not None  # read within the limit
@@ -1680,6 +1690,13 @@ def _chunks(batch: Batch):
         stop = min(max(stop, start + 1), start + MAX_ROWS, len(batch))
         yield batch.select(np.arange(start, stop))
         start = stop
+
+
+#: POST /check's answer to a compressed body (``Content-Encoding``).
+UNCOMPRESSED = {
+    "error": "send the page record uncompressed (no Content-Encoding): a compressed body is refused",
+    "reason": "unsupported_encoding",
+}
 
 
 def _headers(headers: Any) -> list[tuple[str, bytes]]:

@@ -36,7 +36,11 @@ from streamdedup.pipeline.shard import Plan
 from streamdedup.pipeline.wire import CHECKS, encode
 from streamdedup.stream.pool import BrokenProcessPool, FingerprintPool, deadline_seconds
 
-__all__ = ["Checker", "Judged", "judge_body", "RETRY_AFTER_SECONDS"]
+__all__ = ["Checker", "Judged", "judge_body", "RETRY_AFTER_SECONDS", "READ_SECONDS"]
+
+#: How long a check's body may pause between two pieces before the request is refused (a
+#: client that sends part of it and then nothing held its connection and buffers for good).
+READ_SECONDS = 10.0
 
 RETRY_AFTER_SECONDS = 1
 READ_CHUNK = 256 * 1024
@@ -104,15 +108,22 @@ class Checker:
     active: int = field(default=0, init=False)
 
     async def read_body(self, content_length: int | None, content) -> tuple[bytes | None, dict | None]:
-        """The body from an aiohttp stream, or (None, a 413 payload) when it is over the limit."""
+        """The body from an aiohttp stream, or (None, a payload saying why not): over the limit
+        (reason ``too_large``: a 413), or a body that is not one (reason ``bad_request``: a 400;
+        a broken chunked encoding, a client gone before its end)."""
         if content_length is not None and content_length > self.max_bytes:
             return None, self._too_large(content_length)
         chunks, size = [], 0
-        while chunk := await content.read(READ_CHUNK):
-            size += len(chunk)
-            if size > self.max_bytes:
-                return None, self._too_large(size, at_least=True)
-            chunks.append(chunk)
+        try:
+            while chunk := await asyncio.wait_for(content.read(READ_CHUNK), READ_SECONDS):
+                size += len(chunk)
+                if size > self.max_bytes:
+                    return None, self._too_large(size, at_least=True)
+                chunks.append(chunk)
+        except TimeoutError:
+            return None, {"error": f"no byte of the body came for {READ_SECONDS:.0f}s", "reason": "bad_request"}
+        except (OSError, ValueError) as e:  # (aiohttp's payload errors; a connection lost)
+            return None, {"error": f"the request body cannot be read ({type(e).__name__})", "reason": "bad_request"}
         return b"".join(chunks), None
 
     def _too_large(self, size: int, at_least: bool = False) -> dict:

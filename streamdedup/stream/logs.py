@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 __all__ = ["RateLimit", "install", "CLIENT_LOGGERS"]
 
 #: the packages whose warnings and errors are rate-limited
-CLIENT_LOGGERS = ("aiokafka", "faust", "mode", "kafka")
+CLIENT_LOGGERS = ("aiokafka", "faust", "mode", "kafka", "aiohttp")  # (aiohttp: a traceback a bad request)
 
 
 class RateLimit(logging.Filter):

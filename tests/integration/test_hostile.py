@@ -207,6 +207,7 @@ def test_hostile_records_each_get_one_outcome_and_valid_pages_theirs(kafka, tmp_
         check_url = f"http://127.0.0.1:{w.web_port}/check"
         checks = {name: _http("POST", check_url, value) for name, value, _, _ in hostile}
         head = _http("HEAD", check_url)
+        web = _hostile_web(w.web_port, hostile[0][1])
         log = w.log_path.read_text("utf-8", "replace")
 
     # every valid page: one verdict and one copy on unique / near-duplicate
@@ -251,6 +252,42 @@ def test_hostile_records_each_get_one_outcome_and_valid_pages_theirs(kafka, tmp_
         else:
             assert status == 400 and payload["reason"] == reason, (name, status, payload)
     assert head[0] == 200 and "POST" in head[1].get("Allow", ""), head
+
+    # the web server's hostile requests (_hostile_web)
+    status, headers, body = web["gzip"]
+    assert status == 415 and json.loads(body)["reason"] == "unsupported_encoding", web["gzip"]
+    assert web["router"][0] == 404 and web["table"][0] == 404, (web["router"][:2], web["table"][:2])
+    assert web["stalled"].startswith(b"HTTP/1.1 400") and b'"reason":"bad_request"' in web["stalled"], web["stalled"]
+    assert 9 <= web["stalled_seconds"] < 30, web["stalled_seconds"]
+    assert "partition -1 is not ours" not in log
+
+
+def _hostile_web(port: int, page: bytes) -> dict:
+    """A gzip-compressed check (aiohttp inflated such bodies on the event loop: a 4 MB one, 4 GB);
+    faust's debugging pages (/router listed every worker's address and partitions, /table failed
+    with a traceback); a check whose body stops coming (its connection and buffers were held for
+    good), answered while the requests above are made."""
+    import gzip
+    import socket
+
+    base = f"http://127.0.0.1:{port}"
+    out: dict = {}
+    stalled = socket.create_connection(("127.0.0.1", port), timeout=60)
+    stalled.sendall(b"POST /check HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + page[:10])
+    t0 = time.monotonic()
+    request = urllib.request.Request(f"{base}/check", data=gzip.compress(page), method="POST")
+    request.add_header("Content-Encoding", "gzip")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            out["gzip"] = (r.status, dict(r.headers), r.read())
+    except urllib.error.HTTPError as e:
+        out["gzip"] = (e.code, dict(e.headers), e.read())
+    out["router"] = _http("GET", f"{base}/router/")
+    out["table"] = _http("GET", f"{base}/table/shards/anything/")
+    out["stalled"] = stalled.recv(65536)
+    out["stalled_seconds"] = time.monotonic() - t0
+    stalled.close()
+    return out
 
 
 async def _alter_pages_topic(kafka, topic: str, max_bytes: int) -> None:

@@ -269,3 +269,45 @@ def test_a_timeout_that_is_no_number_of_seconds_is_refused(seconds):
     """(click's FloatRange took them: a wait that never ends.)"""
     result = CliRunner().invoke(main, ["verdicts", "--brokers", "127.0.0.1:1", "--timeout", seconds])
     assert result.exit_code == 2 and "is not a number of seconds; use e.g. 10" in result.stderr
+
+
+def test_every_page_is_one_line_and_a_full_disk_is_one_error(kafka, tmp_path):
+    """A URL with a line end (the worker takes any string) printed two lines for one page, or a
+    forged one; a dead letter nested past the JSON parser's limit (the worker dead-letters such
+    records) stopped ``--format json`` with a RecursionError; a full disk was a traceback."""
+    import subprocess
+    import sys
+
+    verdicts, dead = kafka.create_topic(unique_name("lines-verdicts")), kafka.create_topic(unique_name("lines-dead"))
+    forged = {**VERDICT_X, "url": "http://a/x\nnear_duplicate  d=0  http://evil/\x1b[2J"}
+    _write(
+        kafka,
+        [
+            (verdicts, b"x", json.dumps(forged).encode(), []),
+            (dead, b"deep", b"[" * 100_000 + b"]" * 100_000, [("streamdedup-reason", b"not_json")]),
+        ],
+    )
+    flags = [
+        "--brokers",
+        kafka.bootstrap,
+        "--verdicts-topic",
+        verdicts,
+        "--dead-letter-topic",
+        dead,
+        "--from-beginning",
+    ]
+    human = CliRunner().invoke(main, ["verdicts", *flags, "--max", "1"])
+    assert human.exit_code == 0, human.stderr
+    assert human.stdout.splitlines() == ["unique          http://a/x\\nnear_duplicate  d=0  http://evil/\\x1b[2J"]
+    deep = CliRunner().invoke(main, ["verdicts", *flags, "--topic", "dead-letter", "--format", "json", "--max", "1"])
+    assert deep.exit_code == 0, deep.stderr
+    assert json.loads(deep.stdout)["reason"] == "not_json" and json.loads(deep.stdout)["url"] is None
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "streamdedup", "verdicts", *flags, "--max", "1"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            timeout=60,
+        )
+    assert proc.returncode == 1 and b"Traceback" not in proc.stderr, proc.stderr
+    assert b"cannot write to standard output (No space left on device)" in proc.stderr
