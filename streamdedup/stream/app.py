@@ -428,19 +428,25 @@ class Worker:
                 t0 = time.perf_counter()
                 unread = True  # the body is not read: answer and close rather than read it to discard it
                 encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-                if (busy := checker.busy()) is not None:  # before reading a body it would not judge
-                    status, payload, headers = busy
-                elif encoding not in ("", "identity"):  # (aiohttp would inflate it on the event loop)
+                if encoding not in ("", "identity"):  # (aiohttp would inflate it on the event loop)
                     status, payload, headers = 415, UNCOMPRESSED, {"Accept-Encoding": "identity"}
+                elif (busy := checker.reserve()) is not None:  # before reading a body it would not judge
+                    status, payload, headers = busy
                 else:
-                    body, too_large = await checker.read_body(request.content_length, request.content)
-                    if too_large is not None:
-                        status, payload, headers = 413 if too_large["reason"] == "too_large" else 400, too_large, {}
-                    else:
-                        unread = False
-                        assert body is not None  # read within the limit
-                        slow = faults.stage == "check" and faults.match is not None and faults.match.encode() in body
-                        status, payload, headers = await checker.check(body, CHECK_FAULT_DELAY if slow else 0.0)
+                    try:
+                        body, too_large = await checker.read_body(request.content_length, request.content)
+                        if too_large is not None:
+                            status, payload, headers = 413 if too_large["reason"] == "too_large" else 400, too_large, {}
+                        else:
+                            unread = False
+                            assert body is not None  # read within the limit
+                            slow = (
+                                faults.stage == "check" and faults.match is not None and faults.match.encode() in body
+                            )
+                            delay = CHECK_FAULT_DELAY if slow else 0.0
+                            status, payload, headers = await checker.check(body, delay, reserved=True)
+                    finally:
+                        checker.release()
                 metrics.check_seconds.labels(str(status)).observe(time.perf_counter() - t0)
                 response = self.json(payload, status=status, headers=headers or None)
                 if unread:

@@ -143,9 +143,12 @@ class Checker:
             {"Retry-After": str(RETRY_AFTER_SECONDS)},
         )
 
-    async def check(self, body: bytes, hold: float = 0.0) -> tuple[int, dict, dict]:
+    async def check(self, body: bytes, hold: float = 0.0, reserved: bool = False) -> tuple[int, dict, dict]:
         """(HTTP status, JSON body, extra headers) for one page record; ``hold`` seconds in
-        progress first (the worker's test hook for a slow check: it counts against the limit)."""
+        progress first (the worker's test hook for a slow check: it counts against the limit).
+        ``reserved``: the caller holds a slot already (:meth:`reserve`, taken before it read the body)."""
+        if reserved:
+            return await self._check(body) if not hold else await self._held(body, hold)
         if (busy := self.busy()) is not None:
             return busy
         self.active += 1
@@ -155,6 +158,22 @@ class Checker:
             return await self._check(body)
         finally:
             self.active -= 1
+
+    async def _held(self, body: bytes, hold: float) -> tuple[int, dict, dict]:
+        await asyncio.sleep(hold)
+        return await self._check(body)
+
+    def reserve(self) -> tuple[int, dict, dict] | None:
+        """Take a slot for a check whose body is still to be read (bodies in transit count
+        against the limit too: slow uploads past it each held a buffer of up to --max-page-bytes);
+        None when taken (give it back with :meth:`release`), else the 503 answer."""
+        if (busy := self.busy()) is not None:
+            return busy
+        self.active += 1
+        return None
+
+    def release(self) -> None:
+        self.active -= 1
 
     async def _check(self, body: bytes) -> tuple[int, dict, dict]:
         loop = asyncio.get_running_loop()

@@ -258,23 +258,29 @@ def test_hostile_records_each_get_one_outcome_and_valid_pages_theirs(kafka, tmp_
     assert status == 415 and json.loads(body)["reason"] == "unsupported_encoding", web["gzip"]
     assert web["router"][0] == 404 and web["table"][0] == 404, (web["router"][:2], web["table"][:2])
     assert web["stalled"].startswith(b"HTTP/1.1 400") and b'"reason":"bad_request"' in web["stalled"], web["stalled"]
-    assert 9 <= web["stalled_seconds"] < 30, web["stalled_seconds"]
+    assert 9 <= web["stalled_seconds"] < 30 and web["all_stalled_answered"], web["stalled_seconds"]
+    assert web["busy"][0] == 503 and json.loads(web["busy"][2])["reason"] == "busy", web["busy"]
     assert "partition -1 is not ours" not in log
 
 
 def _hostile_web(port: int, page: bytes) -> dict:
     """A gzip-compressed check (aiohttp inflated such bodies on the event loop: a 4 MB one, 4 GB);
     faust's debugging pages (/router listed every worker's address and partitions, /table failed
-    with a traceback); a check whose body stops coming (its connection and buffers were held for
-    good), answered while the requests above are made."""
+    with a traceback); checks whose bodies stop coming (their connections and buffers were held
+    for good, and they did not count against the checks in progress), answered while the
+    requests above are made."""
     import gzip
     import socket
 
     base = f"http://127.0.0.1:{port}"
     out: dict = {}
-    stalled = socket.create_connection(("127.0.0.1", port), timeout=60)
-    stalled.sendall(b"POST /check HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + page[:10])
+    stalled = []
+    for _ in range(4):  # (the checks one fingerprinting process takes at once: a fifth is busy)
+        stalled.append(socket.create_connection(("127.0.0.1", port), timeout=60))
+        stalled[-1].sendall(b"POST /check HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + page[:10])
     t0 = time.monotonic()
+    time.sleep(0.5)
+    out["busy"] = _http("POST", f"{base}/check", page)
     request = urllib.request.Request(f"{base}/check", data=gzip.compress(page), method="POST")
     request.add_header("Content-Encoding", "gzip")
     try:
@@ -284,9 +290,11 @@ def _hostile_web(port: int, page: bytes) -> dict:
         out["gzip"] = (e.code, dict(e.headers), e.read())
     out["router"] = _http("GET", f"{base}/router/")
     out["table"] = _http("GET", f"{base}/table/shards/anything/")
-    out["stalled"] = stalled.recv(65536)
-    out["stalled_seconds"] = time.monotonic() - t0
-    stalled.close()
+    answers = [c.recv(65536) for c in stalled]
+    out["stalled"], out["stalled_seconds"] = answers[0], time.monotonic() - t0
+    out["all_stalled_answered"] = all(a.startswith(b"HTTP/1.1 400") for a in answers)
+    for c in stalled:
+        c.close()
     return out
 
 
