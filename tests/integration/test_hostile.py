@@ -279,8 +279,9 @@ def _hostile_web(port: int, page: bytes) -> dict:
         stalled.append(socket.create_connection(("127.0.0.1", port), timeout=60))
         stalled[-1].sendall(b"POST /check HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + page[:10])
     t0 = time.monotonic()
-    time.sleep(0.5)
-    out["busy"] = _http("POST", f"{base}/check", page)
+    while (busy := _http("POST", f"{base}/check", page))[0] != 503 and time.monotonic() - t0 < 5:
+        time.sleep(0.05)  # (until the server has taken the four requests in)
+    out["busy"] = busy
     request = urllib.request.Request(f"{base}/check", data=gzip.compress(page), method="POST")
     request.add_header("Content-Encoding", "gzip")
     try:
