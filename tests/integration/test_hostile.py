@@ -257,6 +257,10 @@ def test_hostile_records_each_get_one_outcome_and_valid_pages_theirs(kafka, tmp_
     status, headers, body = web["gzip"]
     assert status == 415 and json.loads(body)["reason"] == "unsupported_encoding", web["gzip"]
     assert web["router"][0] == 404 and web["table"][0] == 404, (web["router"][:2], web["table"][:2])
+    assert set(web["faust"].values()) == {404}, web["faust"]
+    assert web["root"][0] == 200 and json.loads(web["root"][2]) == {"status": "OK"}, web[
+        "root"
+    ]  # (faust's health answer)
     assert web["stalled"].startswith(b"HTTP/1.1 400") and b'"reason":"bad_request"' in web["stalled"], web["stalled"]
     assert 9 <= web["stalled_seconds"] < 30 and web["all_stalled_answered"], web["stalled_seconds"]
     assert web["busy"][0] == 503 and json.loads(web["busy"][2])["reason"] == "busy", web["busy"]
@@ -291,6 +295,8 @@ def _hostile_web(port: int, page: bytes) -> dict:
         out["gzip"] = (e.code, dict(e.headers), e.read())
     out["router"] = _http("GET", f"{base}/router/")
     out["table"] = _http("GET", f"{base}/table/shards/anything/")
+    out["faust"] = {path: _http("GET", f"{base}{path}")[0] for path in ("/assignment/", "/graph/", "/performance/")}
+    out["root"] = _http("GET", f"{base}/")
     answers = [c.recv(65536) for c in stalled]
     out["stalled"], out["stalled_seconds"] = answers[0], time.monotonic() - t0
     out["all_stalled_answered"] = all(a.startswith(b"HTTP/1.1 400") for a in answers)
