@@ -83,3 +83,25 @@ def test_a_page_that_kills_its_process_is_a_dead_letter_and_its_neighbours_are_j
         assert outcomes(pooled, 0, range(6, 9)) == [None] * 3
 
     asyncio.run(scenario())
+
+
+def test_kill_ends_a_task_past_its_deadline_and_the_pool_goes_on():
+    """A running task cannot be cancelled: ``kill`` ends its processes, the task fails with
+    BrokenProcessPool, and new processes take the next one; a shut-down pool is left alone."""
+    from streamdedup.stream.pool import BrokenProcessPool, FingerprintPool
+
+    pool = FingerprintPool(1)
+    try:
+        stuck = pool.submit(time.sleep, 600)
+        time.sleep(0.5)  # (started: the spawned process imports for a moment; the kill ends it either way)
+        t0 = time.monotonic()
+        pool.kill()
+        with pytest.raises(BrokenProcessPool):
+            stuck.result(timeout=60)
+        assert time.monotonic() - t0 < 30 and pool.renewals == 1
+        assert pool.submit(sum, [1, 2]).result(timeout=60) == 3
+    finally:
+        pool.shutdown()
+    renewals = pool.renewals
+    pool.kill()  # shut down (the worker stopping): no AttributeError, and no new processes
+    assert pool.renewals == renewals

@@ -108,7 +108,10 @@ class FingerprintPool(Executor):
         """Kill the processes (a task ran past its deadline: a running task cannot be cancelled);
         the tasks they ran fail with ``BrokenProcessPool``, and new processes take their place."""
         pool = self._pool
-        for process in list(getattr(pool, "_processes", {}).values()):  # (ProcessPoolExecutor's own)
+        processes = getattr(pool, "_processes", None)  # (ProcessPoolExecutor's own)
+        if processes is None:  # shut down (the worker is stopping): nothing runs, nothing to renew
+            return
+        for process in list(processes.values()):
             process.kill()
         self.renew(pool)
 
