@@ -447,10 +447,16 @@ class Settings:
         for name in TOPIC_FIELDS:
             # Kafka refuses topics that differ only in '.' vs '_' (their metric names collide).
             if (key := getattr(self, name).replace(".", "_")) in seen:
+                # blame the one that was set: a command without the other's flag (``produce``
+                # has no --verdicts-topic) must not be told to change it
+                other = seen[key]
+                if getattr(self, name) == _default(name) and getattr(self, other) != _default(other):
+                    name, other = other, name
+                named = "'s default" if getattr(self, other) == _default(other) else ""
                 raise _error(
                     name,
-                    f"{getattr(self, name)!r} is also used by {_meta(seen[key])['flag']}; "
-                    "give every topic its own name",
+                    f"{getattr(self, name)!r} is also {_meta(other)['flag']}{named} "
+                    f"({_meta(other)['env']}); give every topic its own name",
                 )
             seen[key] = name
         protocol = self.security_protocol
@@ -599,6 +605,10 @@ SECURITY_FIELDS = (
 
 def _meta(name: str) -> Mapping[str, Any]:
     return Settings.__dataclass_fields__[name].metadata
+
+
+def _default(name: str) -> Any:
+    return Settings.__dataclass_fields__[name].default
 
 
 def _error(name: str, message: str) -> SettingsError:

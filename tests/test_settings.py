@@ -314,8 +314,11 @@ BAD = [
     ({"near_duplicate_topic": ".."}, "near_duplicate_topic", "not '.' or '..'"),
     ({"verdicts_topic": "v" * 250}, "verdicts_topic", "use 1..249"),
     ({"dead_letter_topic": "dead letter"}, "dead_letter_topic", "a-z A-Z 0-9 . _ -"),
-    ({"dead_letter_topic": "pages"}, "dead_letter_topic", "is also used by --pages-topic; give every topic"),
-    ({"verdicts_topic": "pages_unique"}, "verdicts_topic", "is also used by --unique-topic"),  # '.' ~ '_'
+    ({"dead_letter_topic": "pages"}, "dead_letter_topic", "is also --pages-topic's default (STREAMDEDUP_PAGES_TOPIC)"),
+    ({"verdicts_topic": "pages_unique"}, "verdicts_topic", "is also --unique-topic's default"),  # '.' ~ '_'
+    # the one that was set is blamed (``produce`` has no --verdicts-topic to change)
+    ({"pages_topic": "pages.verdicts"}, "pages_topic", "is also --verdicts-topic's default (STREAMDEDUP_VERDI"),
+    ({"pages_topic": "x", "verdicts_topic": "x"}, "verdicts_topic", "is also --pages-topic (STREAMDEDUP_PAGES_T"),
     ({"partitions": "0"}, "partitions", "use at least 1"),
     ({"partitions": "eight"}, "partitions", "is not a whole number"),
     ({"replication_factor": "0"}, "replication_factor", "use 1 for one broker"),

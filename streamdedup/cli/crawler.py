@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import gzip
-import io
 import json
 import logging
 import math
@@ -23,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any, BinaryIO, cast
+from typing import IO, BinaryIO, cast
 
 import click
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError, RecordListTooLargeError
@@ -32,9 +30,10 @@ from streamdedup.cli.options import PRODUCE, VERDICTS, settings_from_click, sett
 from streamdedup.crawler.client import OutputConsumer, OutputRecord, PageProducer, VerdictConsumer, VerdictRecord
 from streamdedup.engine.records import (
     DAMAGED_WARC,
-    GZIP_MAGIC,
     Page,
     bounded_lines,
+    buffered,
+    gunzipped,
     open_input,
     records_of,
     sniff_format,
@@ -205,12 +204,8 @@ def _read(raw: BinaryIO, fmt: str, max_bytes: int) -> Iterator[tuple[int, Page |
     if fmt == "warc":
         yield from records_of(raw, "warc", max_bytes)
         return
-    buffered = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(cast(Any, raw))
-    if buffered.peek(2)[:2] == GZIP_MAGIC:
-        with gzip.GzipFile(fileobj=buffered) as unzipped:
-            yield from _lines(cast(IO[bytes], unzipped), max_bytes)
-    else:
-        yield from _lines(buffered, max_bytes)
+    with gunzipped(buffered(raw)) as lines:
+        yield from _lines(lines, max_bytes)
 
 
 def _lines(stream: IO[bytes], max_bytes: int) -> Iterator[tuple[int, bytes | RecordError]]:

@@ -20,6 +20,7 @@ import json
 import re
 import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, cast
@@ -51,6 +52,8 @@ __all__ = [
     "records_of",
     "bounded_lines",
     "GZIP_MAGIC",
+    "buffered",
+    "gunzipped",
 ]
 
 #: Default upper bound on a record's size; pages above it are rejected, not truncated.
@@ -457,14 +460,27 @@ def open_input(path: Path) -> io.BufferedReader:
 def records_of(stream: BinaryIO, fmt: str, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Numbered:
     """The numbered records of an opened input (a file from :func:`open_input`, or stdin):
     WARC / WARC.gz responses, or JSON lines, gunzipped when they start as gzip does."""
-    raw = stream if isinstance(stream, io.BufferedReader) else io.BufferedReader(cast(Any, stream))
+    raw = buffered(stream)
     if fmt == "warc":
         yield from read_warc(raw, max_bytes)
-    elif raw.peek(2)[:2] == GZIP_MAGIC:
-        with gzip.GzipFile(fileobj=raw) as unzipped:
-            yield from read_jsonl(cast(BinaryIO, unzipped), max_bytes)
     else:
-        yield from read_jsonl(raw, max_bytes)
+        with gunzipped(raw) as lines:
+            yield from read_jsonl(lines, max_bytes)
+
+
+def buffered(stream: BinaryIO) -> io.BufferedReader:
+    """``stream`` as a reader whose first bytes can be peeked without being consumed."""
+    return stream if isinstance(stream, io.BufferedReader) else io.BufferedReader(cast(Any, stream))
+
+
+@contextmanager
+def gunzipped(raw: io.BufferedReader) -> Iterator[BinaryIO]:
+    """``raw``'s bytes, gunzipped when they start as gzip does (JSON lines may come either way)."""
+    if raw.peek(2)[:2] == GZIP_MAGIC:
+        with gzip.GzipFile(fileobj=raw) as unzipped:
+            yield cast(BinaryIO, unzipped)
+    else:
+        yield cast(BinaryIO, raw)
 
 
 def read_pages(path: Path, fmt: str = "auto", max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Numbered:
