@@ -67,6 +67,7 @@ from streamdedup.stream.outbox import Outbox, latency_seconds
 from streamdedup.stream.pool import BrokenProcessPool, FingerprintPool, deadline_seconds
 from streamdedup.stream.recovery import ShardTables
 from streamdedup.stream.store import SCHEME, BulkReplay, ShardStore
+from streamdedup.stream.web_limits import bound_connections
 
 __all__ = ["Worker", "batches_in_flight", "internal_topics", "table_design"]
 
@@ -341,6 +342,8 @@ class Worker:
             # by a client of our own: not behind faust's fetch, stream/recovery.py)
             TableManager=ShardTables.using(functools.partial(list_offsets, s)),
         )
+        # the web port closes idle and slow connections and caps open ones (faust's aiohttp runner)
+        bound_connections(cast(Any, app.web)._runner)
         setup_faust_sensor(app, self.registry)
         pages = app.topic(s.pages_topic, partitions=s.partitions, **RAW)
         self.probes_topic = app.topic(names["probes"], partitions=s.partitions, internal=True, **RAW)
