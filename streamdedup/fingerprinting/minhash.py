@@ -167,10 +167,13 @@ def minhash_signatures_flat(
     if compiled and fast is None:
         raise RuntimeError("the compiled kernels need numba (pip install numba)")
     if fast is not None:
-        out = fast.minhash_mins(flat, lengths, k, a.ravel(), c.ravel())
-    else:
-        out = _mins_numpy(flat, lengths, k, a, c)
-    return (out >> _U64(32)).astype(np.uint32)
+        return fast.minhash_tops(flat, lengths, k, *_halves(a.ravel()), *_halves(c.ravel()))
+    return (_mins_numpy(flat, lengths, k, a, c) >> _U64(32)).astype(np.uint32)
+
+
+def _halves(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The low and the high uint32 halves of uint64s."""
+    return (x & _U64(0xFFFFFFFF)).astype(np.uint32), (x >> _U64(32)).astype(np.uint32)
 
 
 def _mins_numpy(flat: np.ndarray, lengths: np.ndarray, k: np.uint64, a: np.ndarray, c: np.ndarray) -> np.ndarray:

@@ -2,8 +2,9 @@
 
 Each kernel is a loop version of a numpy reference in :mod:`streamdedup.fingerprinting.features`
 or :mod:`streamdedup.fingerprinting.minhash` and gives the same bits (``tests/test_kernels.py``
-checks both on a property-based corpus).  Everything is arithmetic on uint64 modulo 2**64,
-which numba and numpy both do by wrapping, so the two paths cannot drift apart by rounding.
+checks both on a property-based corpus).  Everything is integer arithmetic modulo 2**64 (or, in
+the MinHash kernel's 32-bit lanes, the same sums split in halves), which numba and numpy both do
+by wrapping, so the two paths cannot drift apart by rounding.
 
 ``cache=True``: compiled code is kept next to this file (or in ``NUMBA_CACHE_DIR`` / the
 user's cache directory when that is read-only), so only the first process on a machine pays
@@ -13,9 +14,12 @@ the compile time (bench/README.md has the figures).
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
 from numba import njit
+from numba.core import types
+from numba.extending import intrinsic
 
-__all__ = ["word_hashes", "shingle_hashes", "minhash_mins", "simhash_log_tf", "bottom_n_xor"]
+__all__ = ["word_hashes", "shingle_hashes", "minhash_tops", "simhash_log_tf", "bottom_n_xor"]
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -99,35 +103,71 @@ def shingle_hashes(hashes, counts, n, mul):
     return out, out_counts
 
 
+@intrinsic
+def _top32(typingctx, a_lo, a_hi, c_lo, c_hi, u_lo, u_hi):
+    """The top 32 bits of ``(a * u + c) mod 2**64``, from the 32-bit halves of ``a``, ``c``, ``u``.
+
+    ``a * u + c = a_lo*u_lo + c_lo + 2**32 * (a_hi*u_lo + a_lo*u_hi + c_hi)  (mod 2**64)``, so the
+    top half is ``hi32(a_lo*u_lo + c_lo) + a_hi*u_lo + a_lo*u_hi + c_hi (mod 2**32)``: one 32x32->64
+    multiply and two 32-bit ones.  Written in LLVM so that it stays in 32 bits (numba widens integer
+    arithmetic to 64): a loop over the permutations then runs in 32-bit vector lanes, twice the
+    lanes of 64-bit ones, and needs no 64-bit multiply or unsigned 64-bit minimum, which AVX2 does
+    not have (bench/README.md, "MinHash in 32-bit lanes")."""
+    if not all(t == types.uint32 for t in (a_lo, a_hi, c_lo, c_hi, u_lo, u_hi)):
+        return None
+    sig = types.uint32(a_lo, a_hi, c_lo, c_hi, u_lo, u_hi)
+
+    def codegen(context, builder, signature, args):
+        al, ah, cl, ch, ul, uh = args
+        i64 = ir.IntType(64)
+        low = builder.add(builder.mul(builder.zext(al, i64), builder.zext(ul, i64)), builder.zext(cl, i64))
+        top = builder.trunc(builder.lshr(low, ir.Constant(i64, 32)), ir.IntType(32))
+        top = builder.add(top, builder.mul(ah, ul))
+        top = builder.add(top, builder.mul(al, uh))
+        return builder.add(top, ch)
+
+    return sig, codegen
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _halves(u):
+    return np.uint32(u & np.uint64(0xFFFFFFFF)), np.uint32(u >> np.uint64(32))
+
+
 @njit(cache=True, nogil=True)
-def minhash_mins(flat, counts, key, a, c):
-    """``(n_docs, num_perm)`` minima of ``a_j * mix64(x ^ key) + c_j`` over each text's shingles."""
+def minhash_tops(flat, counts, key, a_lo, a_hi, c_lo, c_hi):
+    """``(n_docs, num_perm)`` uint32 minima of the top 32 bits of ``a_j * mix64(x ^ key) + c_j``
+    over each text's shingles (the top half of the minimum is the minimum of the top halves).
+    ``a_*``, ``c_*``: the uint32 halves of the multipliers and increments."""
     n_docs = len(counts)
-    num_perm = len(a)
-    out = np.empty((n_docs, num_perm), dtype=np.uint64)
-    mins = np.empty(num_perm, dtype=np.uint64)  # a local row: no aliasing, so LLVM vectorises
+    num_perm = len(a_lo)
+    out = np.empty((n_docs, num_perm), dtype=np.uint32)
+    mins = np.empty(num_perm, dtype=np.uint32)  # a local row: no aliasing, so LLVM vectorises
     pos = 0
     for d in range(n_docs):
-        mins[:] = np.uint64(0xFFFFFFFFFFFFFFFF)
+        mins[:] = np.uint32(0xFFFFFFFF)
         end = pos + counts[d]
         i = pos
         # four shingles per pass over the permutations: a_j and c_j are loaded once for four
         # (2.5x faster than one at a time here; eight was no better)
         while i + 4 <= end:
-            u0 = _mix64(flat[i] ^ key)
-            u1 = _mix64(flat[i + 1] ^ key)
-            u2 = _mix64(flat[i + 2] ^ key)
-            u3 = _mix64(flat[i + 3] ^ key)
+            l0, h0 = _halves(_mix64(flat[i] ^ key))
+            l1, h1 = _halves(_mix64(flat[i + 1] ^ key))
+            l2, h2 = _halves(_mix64(flat[i + 2] ^ key))
+            l3, h3 = _halves(_mix64(flat[i + 3] ^ key))
             for j in range(num_perm):
-                aj = a[j]
-                cj = c[j]
-                m = min(min(aj * u0 + cj, aj * u1 + cj), min(aj * u2 + cj, aj * u3 + cj))
-                mins[j] = min(mins[j], m)
+                al = a_lo[j]
+                ah = a_hi[j]
+                cl = c_lo[j]
+                ch = c_hi[j]
+                m0 = min(_top32(al, ah, cl, ch, l0, h0), _top32(al, ah, cl, ch, l1, h1))  # type: ignore[call-arg]
+                m1 = min(_top32(al, ah, cl, ch, l2, h2), _top32(al, ah, cl, ch, l3, h3))  # type: ignore[call-arg]
+                mins[j] = min(mins[j], min(m0, m1))
             i += 4
         while i < end:
-            u = _mix64(flat[i] ^ key)
+            lo, hi = _halves(_mix64(flat[i] ^ key))
             for j in range(num_perm):
-                mins[j] = min(mins[j], a[j] * u + c[j])
+                mins[j] = min(mins[j], _top32(a_lo[j], a_hi[j], c_lo[j], c_hi[j], lo, hi))  # type: ignore[call-arg]
             i += 1
         out[d] = mins
         pos = end
