@@ -27,7 +27,14 @@ import click
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError, RecordListTooLargeError
 
 from streamdedup.cli.options import PRODUCE, VERDICTS, settings_from_click, settings_options
-from streamdedup.crawler.client import OutputConsumer, OutputRecord, PageProducer, VerdictConsumer, VerdictRecord
+from streamdedup.crawler.client import (
+    EndNotReached,
+    OutputConsumer,
+    OutputRecord,
+    PageProducer,
+    VerdictConsumer,
+    VerdictRecord,
+)
 from streamdedup.engine.records import (
     DAMAGED_WARC,
     Page,
@@ -253,7 +260,8 @@ TOPICS = {
 Examples:
   streamdedup verdicts --brokers kafka:9092 --from-beginning
   streamdedup verdicts --topic dead-letter --from-beginning --max 10
-  streamdedup verdicts --format json --timeout 30 > verdicts.jsonl""",
+  streamdedup verdicts --format json --timeout 30 > verdicts.jsonl
+  streamdedup verdicts --from-beginning --until-end --format json > verdicts.jsonl""",
 )
 @click.option(
     "--topic",
@@ -282,9 +290,23 @@ Examples:
     callback=lambda ctx, param, value: _finite(value),
     help="Stop after SECONDS without a new record.",
 )
+@click.option(
+    "--until-end",
+    is_flag=True,
+    help="Stop once every partition is read up to the end it had when the command started (the last "
+    "committed record: read_committed), not waiting for records written since.  Use it with "
+    "--from-beginning: from the end it stops at once, printing nothing.  With --timeout, SECONDS "
+    "without a new record before the end are an error: exit status 1.",
+)
 @settings_options(only=VERDICTS)
 def verdicts(
-    which: str, fmt: str, from_beginning: bool, max_records: int | None, timeout: float | None, **params: object
+    which: str,
+    fmt: str,
+    from_beginning: bool,
+    max_records: int | None,
+    timeout: float | None,
+    until_end: bool,
+    **params: object,
 ) -> None:
     """Print the worker's verdicts as they come (or, with --topic, the pages it routed, and the dead letters).
 
@@ -294,10 +316,12 @@ def verdicts(
     topic = getattr(settings, TOPICS[which])
     try:
         with _kafka_logging(settings):
-            n = asyncio.run(_tail(settings, topic, which == "verdicts", fmt, from_beginning, max_records, timeout))
+            n = asyncio.run(
+                _tail(settings, topic, which == "verdicts", fmt, from_beginning, max_records, timeout, until_end)
+            )
     except ClientError as e:
         raise click.ClickException(str(e)) from None
-    if timeout is not None and (max_records is None or n < max_records):
+    if timeout is not None and not until_end and (max_records is None or n < max_records):
         click.echo(f"stopped after {timeout:g} s without a new record ({n} shown)", err=True)
 
 
@@ -316,6 +340,7 @@ async def _tail(
     from_beginning: bool,
     max_records: int | None,
     timeout: float | None,
+    until_end: bool = False,
 ) -> int:
     reader = (
         VerdictConsumer(settings, topic=topic, from_beginning=from_beginning)
@@ -324,13 +349,18 @@ async def _tail(
     )
     n = 0
     async with reader:
-        async for record in reader.read(max_records, timeout):
-            line = human_line(record) if fmt == "human" else json.dumps(as_json(record), ensure_ascii=False)
-            try:
-                click.echo(line)
-            except OSError as e:  # (a full disk; a closed pipe is click's and ends quietly)
-                raise ClientError(f"cannot write to standard output ({e.strerror or e}) after {n} records") from None
-            n += 1
+        try:
+            async for record in reader.read(max_records, timeout, until_end=until_end):
+                line = human_line(record) if fmt == "human" else json.dumps(as_json(record), ensure_ascii=False)
+                try:
+                    click.echo(line)
+                except OSError as e:  # (a full disk; a closed pipe is click's and ends quietly)
+                    raise ClientError(
+                        f"cannot write to standard output ({e.strerror or e}) after {n} records"
+                    ) from None
+                n += 1
+        except EndNotReached as e:  # (a read cut short: not a success)
+            raise ClientError(f"stopped before the end: {e}; {n} shown") from None
     return n
 
 

@@ -15,6 +15,10 @@ writes in transactions).
         async for v in verdicts.read(idle_timeout=5):
             print(v.verdict, v.url, v.match_url)
 
+    async with VerdictConsumer(settings, from_beginning=True) as verdicts:  # every verdict so far, then stop
+        async for v in verdicts.read(until_end=True):
+            print(v.verdict, v.url)
+
     async with OutputConsumer(settings, [settings.near_duplicate_topic]) as pages:
         async for p in pages:
             print(p.url, "~", p.match_url, p.distance)
@@ -38,7 +42,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from dataclasses import dataclass, fields
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import (
     IllegalSaslStateError,
     KafkaConnectionError,
@@ -55,6 +59,7 @@ from streamdedup.settings import Settings
 
 __all__ = [
     "ClientError",
+    "EndNotReached",
     "OutputConsumer",
     "OutputRecord",
     "PageProducer",
@@ -658,6 +663,22 @@ class OutputRecord:
         return data.get("url") if isinstance(data, dict) and isinstance(data.get("url"), str) else None
 
 
+class EndNotReached(ClientError):
+    """``read(until_end=True)`` waited ``idle_timeout`` seconds for a record before the end: the
+    records read are not all there were.  ``behind``: each partition not read to its end, with
+    (its position, its end)."""
+
+    def __init__(self, behind: Mapping[TopicPartition, tuple[int, int]], partitions: int, seconds: float) -> None:
+        self.behind, self.partitions, self.seconds = dict(behind), partitions, seconds
+        where = ", ".join(
+            f"{tp.topic}[{tp.partition}] at offset {at} of {end}" for tp, (at, end) in self.behind.items()
+        )
+        super().__init__(
+            f"{len(self.behind)} of {partitions} partitions not read to their end after {seconds:g} s "
+            f"without a new record ({where})"
+        )
+
+
 class _TopicReader:
     """Reads topics from the beginning or the end (no group), or as consumer group ``group_id``."""
 
@@ -724,18 +745,63 @@ class _TopicReader:
     def __aiter__(self):
         return self.read()
 
-    async def read(self, max_records: int | None = None, idle_timeout: float | None = None) -> AsyncIterator:
-        """Records as they come; stops after ``max_records``, or ``idle_timeout`` seconds without one."""
+    async def read(
+        self, max_records: int | None = None, idle_timeout: float | None = None, *, until_end: bool = False
+    ) -> AsyncIterator:
+        """Records as they come; stops after ``max_records``, or ``idle_timeout`` seconds without one.
+
+        ``until_end``: stops too once every partition is read up to the end it had when ``read``
+        began, its last committed record (as ``kcat -C -e`` does; records written since are not
+        waited for).  From the end (without ``from_beginning``) that is at once.  Reaching it is
+        the only way to stop without ``idle_timeout``; ``idle_timeout`` seconds without a record
+        before it raise :class:`EndNotReached` (a read cut short is not every record).  Not with
+        a ``group_id``, whose partitions are the group's to share.
+        """
         assert self._consumer is not None, "start the consumer first (async with ...)"
-        count, last = 0, time.monotonic()
+        ends = await self._ends() if until_end else {}
+        partitions, count, last = len(ends), 0, time.monotonic()
         while max_records is None or count < max_records:
+            if until_end and not (ends := await self._behind(ends)):
+                return
             batches = await self._consumer.getmany(timeout_ms=200, max_records=max_records and max_records - count)
             for messages in batches.values():
                 for m in messages:
                     yield self._parse(m)
                     count, last = count + 1, time.monotonic()
             if idle_timeout is not None and time.monotonic() - last >= idle_timeout:
+                if until_end and (ends := await self._behind(ends)):
+                    raise EndNotReached(
+                        {tp: (await self._consumer.position(tp), end) for tp, end in sorted(ends.items())},
+                        partitions,
+                        idle_timeout,
+                    )
                 return
+
+    async def _ends(self) -> dict[TopicPartition, int]:
+        """The end of every partition of the topics: the offset after its last committed record.
+
+        aiokafka's ``end_offsets`` asks the partitions' leaders for their "latest" offset
+        (ListOffsets, timestamp -1) with the consumer's isolation level; under read_committed a
+        broker answers with the partition's last stable offset: the first offset of the oldest
+        transaction still open on it, else its high watermark (the offset after its last record,
+        a transaction's commit or abort marker included).  A read_committed fetch returns nothing
+        beyond it (records after an open transaction wait for it, even committed ones), so every
+        end is one a reader reaches.  Markers and aborted records take offsets too and are passed
+        over: a position can pass the last record's offset + 1, so :meth:`_behind` compares
+        positions, not the offsets of the records read.
+        """
+        assert self._consumer is not None
+        if self._group_id is not None:
+            raise ValueError("until_end reads every partition of the topics: not with a group_id (a group shares them)")
+        try:
+            return await self._consumer.end_offsets(sorted(self._consumer.assignment()))
+        except KafkaError as e:
+            raise ClientError(f"cannot ask for the end of {', '.join(self.topics)} ({e!r}); check the broker") from None
+
+    async def _behind(self, ends: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """The partitions of ``ends`` whose position has not reached their end."""
+        assert self._consumer is not None
+        return {tp: end for tp, end in ends.items() if await self._consumer.position(tp) < end}
 
     def _parse(self, m: Any) -> Any:
         raise NotImplementedError

@@ -1,12 +1,18 @@
 """``streamdedup verdicts`` and the consumers behind it, against the real broker: records written
 as the worker writes them (in transactions, with its headers) come out as one line or one JSON
-object per page; aborted transactions never show; --max / --timeout stop it."""
+object per page; aborted transactions never show; --max / --timeout stop it; --until-end stops
+at the end it had when it started."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import select
+import subprocess
+import sys
 import time
+from asyncio.subprocess import PIPE
 from dataclasses import dataclass
 
 import pytest
@@ -311,3 +317,188 @@ def test_every_page_is_one_line_and_a_full_disk_is_one_error(kafka, tmp_path):
         )
     assert proc.returncode == 1 and b"Traceback" not in proc.stderr, proc.stderr
     assert b"cannot write to standard output (No space left on device)" in proc.stderr
+
+
+# ---------------------------------------------------------------------------- --until-end
+
+#: Seconds each run of the command may take (start, connect, read a few hundred records, stop).
+DEADLINE = 60
+
+
+def _verdict(name: str, partition: int = 0) -> dict:
+    return {**VERDICT_X, "id": name, "url": f"http://a/{name}", "partition": partition}
+
+
+async def _send(kafka, topic: str, names: list[tuple[int, str]], *, abort: bool = False) -> None:
+    """One transaction of verdicts ``(partition, id)``, each to its partition."""
+    producer = AIOKafkaProducer(**kafka.client_kwargs(), transactional_id=unique_name("txn"))
+    await producer.start()
+    try:
+        await producer.begin_transaction()
+        for partition, name in names:
+            await producer.send(
+                topic, json.dumps(_verdict(name, partition)).encode(), key=name.encode(), partition=partition
+            )
+        await (producer.abort_transaction() if abort else producer.commit_transaction())
+    finally:
+        await producer.stop()
+
+
+def _command(kafka, topic: str, *args: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "streamdedup",
+        "verdicts",
+        "--brokers",
+        kafka.bootstrap,
+        "--verdicts-topic",
+        topic,
+        *args,
+    ]
+
+
+def _run(kafka, topic: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(_command(kafka, topic, *args), capture_output=True, text=True, timeout=DEADLINE)
+
+
+def _ids(stdout: str) -> list[str]:
+    return [json.loads(line)["id"] for line in stdout.splitlines()]
+
+
+#: The committed verdicts of ``ended``, in no particular order across partitions.
+ENDED = [f"c{i}" for i in range(20)]
+
+
+@pytest.fixture(scope="module")
+def ended(kafka) -> str:
+    """A topic of 4 partitions written in transactions: 20 committed verdicts on partitions 0-2
+    (each partition's last record followed by its transaction's commit marker), two aborted
+    transactions among them (one the last thing on partition 2), partition 3 empty."""
+    topic = kafka.create_topic(unique_name("until-end"), partitions=4)
+
+    async def write():
+        await _send(kafka, topic, [(i % 3, ENDED[i]) for i in range(10)])
+        await _send(kafka, topic, [(i % 3, f"aborted{i}") for i in range(6)], abort=True)
+        await _send(kafka, topic, [(i % 3, ENDED[i]) for i in range(10, 20)])
+        await _send(kafka, topic, [(2, "aborted-last")], abort=True)
+
+    asyncio.run(write())
+    return topic
+
+
+def test_until_end_prints_every_committed_record_then_exits(kafka, ended):
+    proc = _run(kafka, ended, "--from-beginning", "--until-end", "--format", "json")  # (within DEADLINE)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(_ids(proc.stdout)) == sorted(ENDED)  # each once; no aborted one
+    assert proc.stderr == ""
+
+
+def test_until_end_with_max_and_from_the_end(kafka, ended):
+    """--max and --until-end: whichever comes first.  Without --from-beginning the end is where
+    it starts: nothing to print."""
+    three = _run(kafka, ended, "--from-beginning", "--until-end", "--max", "3", "--format", "json")
+    assert three.returncode == 0, three.stderr
+    assert len(set(_ids(three.stdout)) & set(ENDED)) == 3 and three.stderr == ""
+
+    more = _run(kafka, ended, "--from-beginning", "--until-end", "--max", "1000", "--format", "json")
+    assert more.returncode == 0, more.stderr
+    assert sorted(_ids(more.stdout)) == sorted(ENDED) and more.stderr == ""
+
+    latest = _run(kafka, ended, "--until-end")
+    assert (latest.returncode, latest.stdout, latest.stderr) == (0, "", "")
+
+
+def test_records_written_after_the_start_are_not_waited_for(kafka):
+    """The command takes the ends before it prints its first record; it is held there (its
+    output, some 300 kB, fills the pipe the test does not read yet) while more records are
+    committed: it exits without them."""
+    topic = kafka.create_topic(unique_name("until-end-later"), partitions=2)
+    before = [(i % 2, f"b{i}") for i in range(1500)]
+    asyncio.run(_send(kafka, topic, before))
+    proc = subprocess.Popen(
+        _command(kafka, topic, "--from-beginning", "--until-end", "--format", "json"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        assert select.select([proc.stdout], [], [], DEADLINE)[0], "no output"
+        first = os.read(proc.stdout.fileno(), 1 << 16)  # (the fd, as communicate() reads: no buffer between)
+        assert first and proc.poll() is None  # (held by the full pipe)
+        asyncio.run(_send(kafka, topic, [(i % 2, f"later{i}") for i in range(10)]))
+        rest, err = proc.communicate(timeout=DEADLINE)
+    finally:
+        proc.kill()
+        proc.wait(DEADLINE)
+    assert proc.returncode == 0, err
+    assert sorted(_ids((first + rest).decode())) == sorted(name for _, name in before)
+
+
+def test_an_open_transaction_is_where_the_committed_records_end(kafka):
+    """read_committed: a partition's end is its last stable offset, the first record of a
+    transaction still open on it; records after it, even committed ones, are past the end (a
+    read_committed reader cannot have them yet).  So an open transaction does not hold the
+    command: it prints what is committed before it and exits 0, also with --timeout (a timeout
+    before the end would exit 1)."""
+    topic = kafka.create_topic(unique_name("until-end-open"), partitions=2)
+
+    async def run():
+        await _send(kafka, topic, [(0, "p0-before"), (1, "p1-before")])
+        holder = AIOKafkaProducer(**kafka.client_kwargs(), transactional_id=unique_name("txn"))
+        await holder.start()
+        try:
+            await holder.begin_transaction()
+            await holder.send_and_wait(topic, json.dumps(_verdict("open")).encode(), partition=0)
+            await _send(kafka, topic, [(0, "p0-after"), (1, "p1-after")])
+            cmd = _command(kafka, topic, "--from-beginning", "--until-end", "--timeout", "2", "--format", "json")
+            proc = await asyncio.create_subprocess_exec(*cmd, stdout=PIPE, stderr=PIPE)
+            try:
+                out, err = await asyncio.wait_for(proc.communicate(), DEADLINE)
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+            await holder.abort_transaction()
+        finally:
+            await holder.stop()
+        return proc.returncode, out.decode(), err.decode()
+
+    code, out, err = asyncio.run(run())
+    assert code == 0, err
+    assert sorted(_ids(out)) == ["p0-before", "p1-after", "p1-before"] and err == ""
+
+
+#: The command, with a consumer whose fetches bring nothing (a broker that stopped serving the
+#: records after it answered for their ends).
+STALLED = """
+import asyncio, sys
+from aiokafka import AIOKafkaConsumer
+
+async def getmany(self, *partitions, timeout_ms=0, max_records=None):
+    await asyncio.sleep(timeout_ms / 1000)
+    return {}
+
+AIOKafkaConsumer.getmany = getmany
+from streamdedup.cli import main
+main(sys.argv[1:], prog_name="streamdedup")
+"""
+
+
+def test_a_timeout_before_the_end_is_an_error(kafka, ended):
+    """--timeout with --until-end: SECONDS without a record before the end exit 1, saying how
+    many partitions were not read to their end (3 of 4 here: the fourth is empty, so at its end).
+    An open transaction cannot hold the end back (above), so the fetches are made to bring nothing."""
+    t0 = time.monotonic()
+    flags = ["--from-beginning", "--until-end", "--timeout", "2"]
+    proc = subprocess.run(
+        [sys.executable, "-c", STALLED, *_command(kafka, ended, *flags)[3:]],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+    )
+    assert proc.returncode == 1 and proc.stdout == "", proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("Error: stopped before the end: 3 of 4 partitions not read to their end after 2 s ")
+    assert f"{ended}[0] at offset 0 of " in line and line.endswith("; 0 shown")
+    assert 2 <= time.monotonic() - t0 < DEADLINE
