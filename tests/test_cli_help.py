@@ -36,6 +36,7 @@ OWN_FLAGS = {
     | {"--pages-topic", "--max-page-bytes", "--input-format", "--progress", "--no-progress"},
     "verdicts": CONNECTION_FLAGS
     | {
+        "--until-end",
         "--verdicts-topic",
         "--unique-topic",
         "--near-duplicate-topic",

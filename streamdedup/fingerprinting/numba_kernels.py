@@ -160,9 +160,11 @@ def minhash_tops(flat, counts, key, a_lo, a_hi, c_lo, c_hi):
                 ah = a_hi[j]
                 cl = c_lo[j]
                 ch = c_hi[j]
-                m0 = min(_top32(al, ah, cl, ch, l0, h0), _top32(al, ah, cl, ch, l1, h1))  # type: ignore[call-arg]
-                m1 = min(_top32(al, ah, cl, ch, l2, h2), _top32(al, ah, cl, ch, l3, h3))  # type: ignore[call-arg]
-                mins[j] = min(mins[j], min(m0, m1))
+                t0: int = _top32(al, ah, cl, ch, l0, h0)  # type: ignore[call-arg]  # (intrinsics: numba passes the typing context)
+                t1: int = _top32(al, ah, cl, ch, l1, h1)
+                t2: int = _top32(al, ah, cl, ch, l2, h2)
+                t3: int = _top32(al, ah, cl, ch, l3, h3)
+                mins[j] = min(mins[j], min(min(t0, t1), min(t2, t3)))
             i += 4
         while i < end:
             lo, hi = _halves(_mix64(flat[i] ^ key))
