@@ -135,7 +135,7 @@ def main() -> int:
     print(
         "\nTry it on your own crawl: start a worker against your cluster, then\n"
         "  .venv/bin/streamdedup produce your-crawl.warc.gz --brokers HOST:PORT\n"
-        "  .venv/bin/streamdedup verdicts --brokers HOST:PORT --from-beginning\n"
+        "  .venv/bin/streamdedup verdicts --brokers HOST:PORT --from-beginning --until-end\n"
         "or judge a file without Kafka:  .venv/bin/streamdedup scan your-crawl.warc.gz\n"
         "(make demo KEEP=1 leaves this demo's broker and worker running.)"
     )
