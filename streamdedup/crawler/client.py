@@ -759,13 +759,22 @@ class _TopicReader:
         """
         assert self._consumer is not None, "start the consumer first (async with ...)"
         ends = await self._ends() if until_end else {}
+        limit = dict(ends)  # (``ends`` shrinks to the partitions still behind)
         partitions, count, last = len(ends), 0, time.monotonic()
         while max_records is None or count < max_records:
-            if until_end and not (ends := await self._behind(ends)):
-                return
+            if until_end:
+                behind = await self._behind(ends)
+                if done := [tp for tp in ends if tp not in behind]:
+                    self._consumer.pause(*done)  # (no more fetches of what would be dropped below)
+                if not (ends := behind):
+                    return
             batches = await self._consumer.getmany(timeout_ms=200, max_records=max_records and max_records - count)
-            for messages in batches.values():
+            for tp, messages in batches.items():
                 for m in messages:
+                    # a fetch returns what a partition holds when it is made: records written
+                    # since the start are past the end (also in a partition read to it before)
+                    if until_end and m.offset >= limit.get(tp, 0):
+                        continue
                     yield self._parse(m)
                     count, last = count + 1, time.monotonic()
             if idle_timeout is not None and time.monotonic() - last >= idle_timeout:

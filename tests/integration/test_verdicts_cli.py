@@ -502,3 +502,27 @@ def test_a_timeout_before_the_end_is_an_error(kafka, ended):
     assert line.startswith("Error: stopped before the end: 3 of 4 partitions not read to their end after 2 s ")
     assert f"{ended}[0] at offset 0 of " in line and line.endswith("; 0 shown")
     assert 2 <= time.monotonic() - t0 < DEADLINE
+
+
+def test_records_written_to_a_partition_read_to_its_end_are_left_out(kafka):
+    """A fetch returns what a partition holds when it is made: partition 0 (one record) is read
+    to its end at once while partition 1 (~6 MB, many fetches) is still being read; records
+    committed to partition 0 then are past its end and are not yielded (the library's
+    ``read(until_end=True)``, which the command runs)."""
+    topic = kafka.create_topic(unique_name("until-end-past"), partitions=2)
+    pad = "x" * 600  # (each record ~1 KB: partition 1 takes several fetches of 1 MB)
+    asyncio.run(_send(kafka, topic, [(0, "p0-first")] + [(1, f"p1-{i}-{pad}") for i in range(6000)]))
+
+    async def read() -> list[str]:
+        got: list[str] = []
+        settings = Settings.from_sources({"brokers": kafka.bootstrap, "verdicts_topic": topic}, {})
+        async with VerdictConsumer(settings, from_beginning=True) as verdicts:
+            async for v in verdicts.read(until_end=True):
+                if not got:  # partition 0 is read to its end with the first fetch
+                    await _send(kafka, topic, [(0, f"late-{i}") for i in range(20)])
+                got.append(v.id)
+        return got
+
+    got = asyncio.run(asyncio.wait_for(read(), DEADLINE))
+    assert not [g for g in got if g.startswith("late-")], "records written after the start were printed"
+    assert sorted(got) == sorted(["p0-first"] + [f"p1-{i}-{pad}" for i in range(6000)])
