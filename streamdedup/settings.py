@@ -453,9 +453,14 @@ class Settings:
                 if getattr(self, name) == _default(name) and getattr(self, other) != _default(other):
                     name, other = other, name
                 named = "'s default" if getattr(self, other) == _default(other) else ""
+                alike = (
+                    f" ({getattr(self, other)!r}: Kafka takes '.' and '_' as the same)"
+                    if getattr(self, other) != getattr(self, name)
+                    else ""
+                )
                 raise _error(
                     name,
-                    f"{getattr(self, name)!r} is also {_meta(other)['flag']}{named} "
+                    f"{getattr(self, name)!r} is also {_meta(other)['flag']}{named}{alike} "
                     f"({_meta(other)['env']}); give every topic its own name",
                 )
             seen[key] = name
@@ -535,6 +540,15 @@ class Settings:
             for name, meta in specs.items()
             if flags.get(name) is not None or (meta["env"] in env and (fields_used is None or name in fields_used))
         }
+        for name in TOPIC_FIELDS:
+            # a command's topics are checked against the worker's (a topic it does not read,
+            # from the environment when set and valid): ``produce --pages-topic pages.verdicts``
+            # is fine when STREAMDEDUP_VERDICTS_TOPIC names another topic
+            if name not in raw and (var := specs[name]["env"]) in env:
+                try:
+                    raw[name] = _parse(name, env[var])
+                except SettingsError:
+                    pass  # (not this command's to judge)
         if (path := _parse("sasl_password_file", raw.get("sasl_password_file"))) is not None:
             if _optional(str)(raw.get("sasl_password")) is not None:
                 raise _error(

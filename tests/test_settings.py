@@ -667,3 +667,31 @@ def test_click_help_lists_every_flag_and_env_var():
     for f in FIELDS.values():
         assert f.metadata["flag"] in result.output and f.metadata["env"] in result.output
     assert "--no-ssl-check-hostname" in result.output and "[default: 3; env: STREAMDEDUP_K]" in result.output
+
+
+# ---------------------------------------------------------------------------- topic clashes of a command
+# A command checks its topics against the worker's: the ones it does not read come from the
+# environment when set (and valid there), else their defaults.
+
+
+def test_a_command_checks_its_topic_against_the_workers_from_the_environment():
+    from streamdedup.cli.options import PRODUCE, VERDICTS
+
+    flags = {"pages_topic": "pages.verdicts"}
+    ok = Settings.from_sources(flags, {"STREAMDEDUP_VERDICTS_TOPIC": "v"}, fields_used=PRODUCE)
+    assert ok.pages_topic == "pages.verdicts"
+    with pytest.raises(SettingsError, match=r"^--pages-topic / STREAMDEDUP_PAGES_TOPIC: .*--verdicts-topic's default"):
+        Settings.from_sources(flags, {}, fields_used=PRODUCE)
+    # a bad value of a topic the command does not read is not the command's to refuse
+    ok = Settings.from_sources({}, {"STREAMDEDUP_VERDICTS_TOPIC": "no such/name"}, fields_used=PRODUCE)
+    assert ok.verdicts_topic == "pages.verdicts"
+    # `verdicts` with the worker's pages topic renamed: its verdicts topic may be called "pages"
+    env = {"STREAMDEDUP_PAGES_TOPIC": "crawl", "STREAMDEDUP_VERDICTS_TOPIC": "pages"}
+    assert Settings.from_sources({}, env, fields_used=VERDICTS).verdicts_topic == "pages"
+
+
+def test_a_clash_of_dot_and_underscore_says_so():
+    with pytest.raises(
+        SettingsError, match=r"'pages_verdicts' is also --verdicts-topic's default \('pages.verdicts': Kafka takes"
+    ):
+        Settings.from_sources({"pages_topic": "pages_verdicts"}, {})
