@@ -6,6 +6,10 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
+import threading
+import time
+from pathlib import Path
 from unittest.mock import patch
 
 import pytest
@@ -14,7 +18,16 @@ from hypothesis import strategies as st
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
 
-from streamdedup.engine.records import Page, page_from_json, read_jsonl, read_pages, read_warc
+from streamdedup.engine.records import (
+    Page,
+    open_input,
+    page_from_json,
+    read_jsonl,
+    read_pages,
+    read_warc,
+    records_of,
+    sniff_format,
+)
 from streamdedup.errors import RecordError
 from streamdedup.fingerprinting.text import Utf8Text, visible_text
 
@@ -460,3 +473,36 @@ def test_a_line_over_the_limit_is_too_large_and_never_held_whole():
     assert got == [(1, "http://a/"), (2, "too_large"), (3, "http://a/")]
     assert sent == [(1, len(good)), (2, "too_large"), (3, len(good))]
     assert peak < 8_000_000, peak
+
+
+@pytest.mark.parametrize("kind", ["jsonl.gz", "warc", "warc.gz"])
+def test_a_pipe_whose_first_write_is_one_byte_is_still_recognised(kind):
+    """A pipe given as a path (``<(zcat ...)``, /dev/stdin) is opened once and its first bytes are
+    peeked to tell gzip and WARC apart; a writer whose first write is 1 byte made the peek see 1
+    byte: a .jsonl.gz was read as 3 lines of binary, a WARC as JSON lines."""
+    pages = [(f"http://x/{i}", f"<p>page {i} words words</p>".encode(), "text/html") for i in range(3)]
+    if kind == "jsonl.gz":
+        lines = b"".join(json.dumps({"url": u, "content": c.decode()}).encode() + b"\n" for u, c, _ in pages)
+        data = gzip.compress(lines)
+    else:
+        data = _warc(pages, kind == "warc.gz")
+    read_end, write_end = os.pipe()
+
+    def write() -> None:
+        with os.fdopen(write_end, "wb", buffering=0) as w:
+            w.write(data[:1])
+            time.sleep(0.3)  # (the reader's first read returns the 1 byte alone)
+            w.write(data[1:])
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    path = Path(f"/dev/fd/{read_end}")
+    try:
+        with open_input(path) as raw:
+            fmt = sniff_format(path, raw)
+            got = [p for _, p in records_of(raw, fmt)]
+    finally:
+        os.close(read_end)
+        writer.join(10)
+    assert fmt == ("jsonl" if kind == "jsonl.gz" else "warc")
+    assert [p.url for p in got] == [u for u, _, _ in pages], got

@@ -454,7 +454,7 @@ GZIP_MAGIC = b"\x1f\x8b"
 def open_input(path: Path) -> io.BufferedReader:
     """``path`` opened once for reading, buffered: its first bytes can be peeked, also when it
     is a pipe (opening it a second time would find what the first read took gone)."""
-    return path.open("rb")
+    return buffered(path.open("rb"))
 
 
 def records_of(stream: BinaryIO, fmt: str, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Numbered:
@@ -468,9 +468,48 @@ def records_of(stream: BinaryIO, fmt: str, max_bytes: int = DEFAULT_MAX_PAGE_BYT
             yield from read_jsonl(lines, max_bytes)
 
 
+#: Bytes a reader from :func:`buffered` can peek at (the gzip and WARC magic), and at the start
+#: of a gzip stream (enough of it to gunzip the first bytes: :func:`sniff_format`).
+HEAD_BYTES = 4
+GZIP_HEAD_BYTES = 512
+
+
 def buffered(stream: BinaryIO) -> io.BufferedReader:
-    """``stream`` as a reader whose first bytes can be peeked without being consumed."""
-    return stream if isinstance(stream, io.BufferedReader) else io.BufferedReader(cast(Any, stream))
+    """``stream`` as a reader whose first bytes can be peeked without being consumed: at least
+    :data:`HEAD_BYTES`, or :data:`GZIP_HEAD_BYTES` of a gzip stream (fewer only at its end).  A
+    pipe's first read may give fewer (a writer's first write of 1 byte), and a ``peek`` makes
+    one read: those are read here and put back in front."""
+    raw = stream if isinstance(stream, io.BufferedReader) else io.BufferedReader(cast(Any, stream))
+    head = raw.peek(GZIP_HEAD_BYTES)
+    if not head or len(head) >= (GZIP_HEAD_BYTES if head[:2] == GZIP_MAGIC else HEAD_BYTES):
+        return raw  # (nothing: at its end)
+    got = raw.read(HEAD_BYTES)
+    if got[:2] == GZIP_MAGIC:
+        got += raw.read(GZIP_HEAD_BYTES - len(got))
+    return io.BufferedReader(_Prefixed(got, raw))
+
+
+class _Prefixed(io.RawIOBase):
+    """``head``, then the rest of ``rest`` (closed with it)."""
+
+    def __init__(self, head: bytes, rest: io.BufferedReader) -> None:
+        self._head, self._rest = head, rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        if self._head:
+            n = min(len(b), len(self._head))
+            b[:n], self._head = self._head[:n], self._head[n:]
+            return n
+        data = self._rest.read1(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._rest.close()
+        super().close()
 
 
 @contextmanager
