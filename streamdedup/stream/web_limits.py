@@ -40,8 +40,10 @@ from aiohttp import web
 __all__ = ["IDLE_SECONDS", "MAX_CONNECTIONS", "WebInternalsChanged", "bound_connections"]
 
 #: A connection that has sent no complete request within this many seconds of opening, or of
-#: its last response, is closed (a slow request header counts as no request).
-IDLE_SECONDS = 15.0
+#: its last response, is closed (a slow request header counts as no request).  Longer than
+#: Prometheus's scrape intervals (15 s in deploy/prometheus, 1 min by default): at an idle limit
+#: equal to the interval, each scrape would race the close of its kept-alive connection.
+IDLE_SECONDS = 75.0
 #: Open connections at most; one beyond is closed right after it is accepted.
 MAX_CONNECTIONS = 1000
 REFUSED_LOG_SECONDS = 60.0  # at most one warning about refused connections this often
