@@ -711,21 +711,25 @@ class _TopicReader:
         consumer = self._consumer = AIOKafkaConsumer(**self._kwargs)
         await _start(consumer, self._settings, self._connect_timeout)
         try:
-            if missing := [t for t in self.topics if t not in await consumer.topics()]:
+            cluster = await consumer._client.fetch_all_metadata()  # (consumer.topics(), with the partitions)
+            if missing := [t for t in self.topics if t not in cluster.topics()]:
                 raise ClientError(
                     f"topic {missing[0]!r} does not exist; check the topic setting, or start the "
                     "worker, which creates its topics"
                 )
-            consumer.subscribe(self.topics)  # (after the check: asking for a topic's metadata may create it)
-            if self._group_id is None:  # every partition is ours: take position now, not at the first fetch
-                deadline = time.monotonic() + self._connect_timeout
-                while {tp.topic for tp in consumer.assignment()} != set(self.topics):
-                    if time.monotonic() > deadline:
-                        raise ClientError(
-                            f"no partitions of {', '.join(self.topics)} assigned after "
-                            f"{self._connect_timeout:g} s; check the broker"
-                        )
-                    await asyncio.sleep(0.02)
+            # (after the check: asking for a topic's metadata may create it)
+            if self._group_id is not None:
+                consumer.subscribe(self.topics)
+            else:
+                # every partition is ours, assigned by hand: a subscription without a group makes
+                # a new assignment whenever the topics' partitions change (one added, a topic
+                # gone a moment from the metadata), and that resets every position: records read
+                # again or skipped.  Then take position now, not at the first fetch.
+                consumer.assign(
+                    [TopicPartition(t, p) for t in self.topics for p in sorted(cluster.partitions_for_topic(t) or ())]
+                )
+                if {tp.topic for tp in consumer.assignment()} != set(self.topics):
+                    raise ClientError(f"no partitions of {', '.join(self.topics)} known; check the broker")
                 await (consumer.seek_to_beginning if self._from_beginning else consumer.seek_to_end)()
         except BaseException:
             await consumer.stop()

@@ -526,3 +526,34 @@ def test_records_written_to_a_partition_read_to_its_end_are_left_out(kafka):
     got = asyncio.run(asyncio.wait_for(read(), DEADLINE))
     assert not [g for g in got if g.startswith("late-")], "records written after the start were printed"
     assert sorted(got) == sorted(["p0-first"] + [f"p1-{i}-{pad}" for i in range(6000)])
+
+
+def test_a_partition_added_mid_read_makes_no_record_read_twice(kafka):
+    """A reader without a group holds every partition it found at its start, assigned by hand: a
+    subscription without a group got a new assignment when the topic's partitions changed (at
+    the next metadata refresh, up to 5 minutes later; forced here), which reset every position,
+    and every record was read again."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
+
+    topic = kafka.create_topic(unique_name("grown"), partitions=2)
+    asyncio.run(_send(kafka, topic, [(i % 2, f"r{i}") for i in range(20)]))
+
+    async def read() -> list[str]:
+        settings = Settings.from_sources({"brokers": kafka.bootstrap, "verdicts_topic": topic}, {})
+        got: list[str] = []
+        async with VerdictConsumer(settings, from_beginning=True) as verdicts:
+            async for v in verdicts.read(idle_timeout=3):
+                got.append(v.id)
+                if len(got) == 20:
+                    admin = AIOKafkaAdminClient(**kafka.client_kwargs())
+                    await admin.start()
+                    try:
+                        await admin.create_partitions({topic: NewPartitions(total_count=3)})
+                    finally:
+                        await admin.close()
+                    await verdicts._consumer._client.force_metadata_update()  # (what a refresh does)
+                    await _send(kafka, topic, [(0, "after0"), (1, "after1")])
+        return got
+
+    got = asyncio.run(asyncio.wait_for(read(), DEADLINE))
+    assert sorted(got) == sorted([f"r{i}" for i in range(20)] + ["after0", "after1"]), got
