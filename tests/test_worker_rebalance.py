@@ -272,7 +272,7 @@ def test_a_hole_is_filled_even_when_back_pressure_stops_new_batches(assigned):
         gate = asyncio.Event()
         worker.outbox.read_range, reads = reader(1, set(range(limit)), gate=gate)
         deliver(worker, 0, range(100, 100 + 2 * limit))
-        await until(lambda: len(worker.pending) >= limit and not worker._in_flight, "the backlog full")
+        await until(lambda: len(worker.pending) >= limit and not worker._in_flight, "the backlog full", worker=worker)
         deliver(worker, 1, range(1, 50))
         assert worker._buffer and not waiting_offsets(worker, 1)  # no new batch starts now
         gate.set()  # the hole's read returns
@@ -324,7 +324,7 @@ def test_records_before_a_hole_held_by_back_pressure_are_judged_before_its_fille
         gate = asyncio.Event()
         worker.outbox.read_range, _ = reader(1, {3, 4}, gate=gate)
         deliver(worker, 0, range(100, 100 + limit))
-        await until(lambda: len(worker.pending) >= limit and not worker._in_flight, "the backlog full")
+        await until(lambda: len(worker.pending) >= limit and not worker._in_flight, "the backlog full", worker=worker)
         deliver(worker, 1, [0, 1, 2, 5, 6])  # 3 and 4 skipped by the consumer: a hole
         gate.set()
         await until(lambda: 4 in waiting_offsets(worker, 1), "the hole judged")
@@ -736,3 +736,30 @@ def test_large_pages_pause_the_partitions_by_their_bytes_in_smaller_batches(assi
     )
     assert held < (4 << 20) + 2 * (1 << 20)  # (the limit, plus the batches that were under way)
     assert sizes and max(sizes) <= 4  # 1 MiB of 256 KiB pages
+
+
+def test_a_backlog_starts_with_a_small_batch_and_doubles_to_the_batch_size(assigned, monkeypatch):
+    """Records handed over a whole fetch at a time (stream/direct_delivery.py) filled the first
+    batch of a backlog at once: 500 pages fingerprinted before the first verdict, 1.3-1.9 s into
+    a backlog on 2 cores.  An idle pipeline now starts with FIRST_BATCH pages and doubles."""
+    worker = assigned
+    sizes: list[int] = []
+    drain = worker.drain
+
+    async def counted(events, generation=None):
+        sizes.append(len(events))
+        return await drain(events, generation)
+
+    monkeypatch.setattr(worker, "drain", counted)
+    size, first = worker.settings.batch_size, app_module.FIRST_BATCH
+    ramp = [min(size, first << i) for i in range(5)]
+    ramp = ramp[: ramp.index(size) + 1] if size in ramp else ramp
+
+    async def scenario() -> None:
+        for e in events(1, range(0, sum(ramp))):  # no answers come: the pipeline never empties again
+            worker._deliver(e)
+        await until(lambda: sum(sizes) == sum(ramp) and not worker._in_flight, "the batches judged", worker=worker)
+
+    asyncio.run(scenario())
+    assert first < size and sizes == ramp
+    assert waiting_offsets(worker, 1) == list(range(sum(ramp)))

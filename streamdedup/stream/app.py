@@ -60,6 +60,7 @@ from streamdedup.stream.connection import (
     member_heartbeats,
     read_ranges,
 )
+from streamdedup.stream.direct_delivery import deliver_directly
 from streamdedup.stream.gauges import Gauges
 from streamdedup.stream.logs import install as rate_limit_client_logs
 from streamdedup.stream.metrics import Metrics, setup_faust_sensor
@@ -99,6 +100,9 @@ MAX_HELD_BYTES = 256 * 1024 * 1024
 #: The most input bytes in one batch (at least one record): a batch of --batch-size large
 #: pages would hold gigabytes (and their copies in the fingerprinting process)
 BATCH_BYTES = 32 * 1024 * 1024
+#: The first batch of an idle pipeline (a backlog's first verdicts come after it, not after a
+#: whole --batch-size); each next batch doubles, up to --batch-size
+FIRST_BATCH = 50
 HOLE_READS = 3  # reads of a hole that fail before the worker gives up on it (commits past it, loudly)
 #: ... if they failed for an error (the broker away), only once they have failed this long: a
 #: blip of a few seconds while a hole was open made the worker commit past its records
@@ -267,6 +271,7 @@ class Worker:
         self._max_in_flight = batches_in_flight(s.fingerprint_processes)
         self._max_waiting = self._max_in_flight * s.batch_size
         self._in_flight = 0  # batches being judged: at most _max_in_flight
+        self._ramp = s.batch_size
         self._paused = False
         self._assigned: set = set()
         self._seek_task: asyncio.Future | None = None  # the seek of uncommitted pages partitions (on_assigned)
@@ -363,9 +368,12 @@ class Worker:
         )
 
         @app.agent(pages, name="pages")
-        async def pages_agent(stream):
+        async def pages_agent(stream):  # what the direct delivery below leaves to faust's way (rebalances)
             async for event in stream.noack().events():
                 self._deliver(event)
+
+        # the records faust's stream would take, straight from faust's drain loop (docs/faust-notes.md §15)
+        deliver_directly(app, s.pages_topic, lambda message: self._deliver(_Reread(message)))
 
         @app.task
         async def batch_timer():  # a partial batch waits at most batch_timeout
@@ -925,11 +933,14 @@ class Worker:
             task = asyncio.get_running_loop().create_task(self.drain(events, self._generation))
             task.add_done_callback(self._drained)
         while self._buffer and self._in_flight < self._max_in_flight and len(self.pending) < self._max_waiting:
-            fits = self._fitting(self._buffer, size)
+            if self._in_flight == 0 and not self.pending:  # an idle pipeline: a small batch first
+                self._ramp = FIRST_BATCH
+            fits = self._fitting(self._buffer, min(size, self._ramp))
             events, rest = _before_holes(self._buffer, fits, holes)
             if not events or not (partial or len(events) >= fits):
                 break
             self._buffer = rest
+            self._ramp = min(size, 2 * self._ramp)
             self._buffered_bytes -= sum(_size(e) for e in events)
             self._in_flight += 1
             task = asyncio.get_running_loop().create_task(self.drain(events, self._generation))
