@@ -80,16 +80,23 @@ def _int(lo: int, hi: int | None, hint: str) -> Parser:
     return parse
 
 
-def _float(lo: float, hi: float | None, hint: str) -> Parser:
-    """The open interval (lo, hi); ``hi=None``: no upper bound."""
-    span = f"{lo} < x < {hi}" if hi is not None else f"> {lo}"
+def _float(lo: float, hi: float | None, hint: str, with_lo: bool = False) -> Parser:
+    """The open interval (lo, hi), or [lo, hi) ``with_lo``; ``hi=None``: no upper bound."""
+    low = f"{lo} <= x" if with_lo else f"{lo} < x"
+    span = f"{low} < {hi}" if hi is not None else (f">= {lo}" if with_lo else f"> {lo}")
 
     def parse(v: Any) -> float:
         try:
             x = float(v.strip() if isinstance(v, str) else v)
         except (TypeError, ValueError):
             raise ValueError(f"{v!r} is not a number; {hint} ({span})") from None
-        if isinstance(v, bool) or not math.isfinite(x) or x <= lo or (hi is not None and x >= hi):
+        if (
+            isinstance(v, bool)
+            or not math.isfinite(x)
+            or x < lo
+            or (x == lo and not with_lo)
+            or (hi is not None and x >= hi)
+        ):
             raise ValueError(f"{v} is out of range; {hint} ({span})")
         return x
 
@@ -291,6 +298,15 @@ class Settings:
         0.05,
         "Seconds to wait for a batch to fill.",
         _float(0, None, "use e.g. 0.05 seconds"),
+        "SECONDS",
+    )
+    transaction_interval: float = _f(
+        "--transaction-interval",
+        0.1,
+        "Least seconds between the starts of two transactions of one pages partition: verdicts "
+        "ready sooner wait and go out together (fewer transactions, less CPU for the worker and "
+        "the broker; 0: each goes out at once).",
+        _float(0, 60, "use e.g. 0.1 seconds, or 0 for none", with_lo=True),
         "SECONDS",
     )
     fingerprint_processes: int = _f(

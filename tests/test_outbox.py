@@ -237,3 +237,64 @@ def test_a_producer_fenced_while_its_partition_is_still_owned_stops_the_worker(r
     assert asyncio.run(outbox.flush(0)) == 0
     assert not log and not pending.ready(0)
     assert fenced == ([] if revoked else [0])
+
+
+def _ready(pending: Pending, partition: int, offset: int) -> None:
+    req = pending.add_page(
+        partition,
+        offset,
+        page_id=f"p{offset}",
+        url=f"http://a/{offset}",
+        fingerprint=1,
+        key=f"p{offset}".encode(),
+        value=b"v",
+    )
+    pending.answer_one(req, 0, -1)
+
+
+@pytest.mark.parametrize("interval", [0.0, 0.3])
+def test_verdicts_ready_soon_after_a_transaction_wait_for_the_interval_and_go_together(interval):
+    """--transaction-interval: a partition's transactions start at least that far apart, so
+    verdicts ready in between go out together (fewer transactions, less CPU for the worker and
+    the broker); with 0 each flush commits at once."""
+    pending, log = Pending(n_groups=1), []
+    outbox = Outbox(Settings(pages_topic="in", transaction_interval=interval), Topics("u", "n", "v", "d"), pending)
+    outbox.assign({0})
+    outbox.start(0, 0)
+    producer = RefusingProducer(log, {})
+    times: list[float] = []
+    real_commit = producer.commit_transaction
+
+    async def commit() -> None:
+        times.append(asyncio.get_running_loop().time())
+        await real_commit()
+
+    producer.commit_transaction = commit
+
+    async def get(partition):
+        return producer
+
+    outbox._producer = get
+
+    async def scenario() -> None:
+        _ready(pending, 0, 0)
+        outbox.schedule(0)
+        await asyncio.wait_for(_until(lambda: len(log) == 1), 5)
+        for offset in (1, 2, 3):  # ready one after the other, right after the first transaction
+            _ready(pending, 0, offset)
+            outbox.schedule(0)
+            await asyncio.sleep(0.02)
+        await asyncio.wait_for(_until(lambda: outbox.committed.get(0) == 4), 5)
+
+    asyncio.run(scenario())
+    batches = [[key for _, key, _, _ in records if key is not None] for records, _ in log]
+    if interval:
+        assert len(log) == 2 and times[1] - times[0] >= interval * 0.9
+        assert {k for k in batches[1]} == {b"p1", b"p2", b"p3"}
+    else:
+        assert len(log) == 4
+
+
+async def _until(condition) -> None:
+    while not condition():
+        await asyncio.sleep(0.005)
