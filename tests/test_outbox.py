@@ -298,3 +298,78 @@ def test_verdicts_ready_soon_after_a_transaction_wait_for_the_interval_and_go_to
 async def _until(condition) -> None:
     while not condition():
         await asyncio.sleep(0.005)
+
+
+def test_a_partition_s_producer_is_started_ahead_once_and_its_first_flush_uses_it():
+    """Outbox.prepare (called when an assignment's committed offset is known): the producer's
+    start no longer waits for the first verdicts; a flush meanwhile waits for it and does not
+    start a second producer (two producers of one transactional id fence each other)."""
+    pending, log = Pending(n_groups=1), []
+    outbox = Outbox(Settings(pages_topic="in"), Topics("u", "n", "v", "d"), pending)
+    outbox.assign({0})
+    outbox.start(0, 0)
+    started: list[int] = []
+    gate = None
+
+    async def producer(partition):
+        if partition not in outbox._producers:
+            started.append(partition)
+            await gate.wait()  # (init_transactions: a round trip to the coordinator)
+            outbox._producers[partition] = RefusingProducer(log, {})
+        return outbox._producers[partition]
+
+    outbox._producer = producer
+
+    async def scenario() -> None:
+        nonlocal gate
+        gate = asyncio.Event()
+        outbox.prepare(0)
+        outbox.prepare(1)  # not this worker's: no producer
+        await asyncio.sleep(0.05)
+        assert started == [0] and not outbox._producers
+        _ready(pending, 0, 0)
+        flush = asyncio.ensure_future(outbox.flush(0))
+        await asyncio.sleep(0.05)
+        assert not flush.done()  # waits for the start under way
+        gate.set()
+        assert await asyncio.wait_for(flush, 5) == 1
+        await asyncio.wait_for(_until(lambda: not outbox._preparing), 5)
+
+    asyncio.run(scenario())
+    assert started == [0] and len(log) == 1
+
+
+def test_a_partition_revoked_while_its_producer_starts_ahead_keeps_no_producer():
+    pending = Pending(n_groups=1)
+    outbox = Outbox(Settings(pages_topic="in"), Topics("u", "n", "v", "d"), pending)
+    outbox.assign({0})
+    outbox.start(0, 0)
+    stopped: list[int] = []
+
+    class Stoppable(RefusingProducer):
+        async def stop(self) -> None:
+            stopped.append(0)
+
+    gate = None
+
+    async def producer(partition):
+        await gate.wait()
+        outbox._producers[partition] = Stoppable([], {})
+        return outbox._producers[partition]
+
+    outbox._producer = producer
+
+    async def scenario() -> None:
+        nonlocal gate
+        gate = asyncio.Event()
+        outbox.prepare(0)
+        await asyncio.sleep(0.02)
+        revoke = asyncio.ensure_future(outbox.revoke(0))
+        await asyncio.sleep(0.02)
+        gate.set()
+        await asyncio.wait_for(revoke, 5)
+        outbox.prepare(0)  # after the revocation: nothing starts
+        await asyncio.wait_for(_until(lambda: not outbox._preparing), 5)
+
+    asyncio.run(scenario())
+    assert not outbox._producers and stopped == [0]

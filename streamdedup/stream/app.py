@@ -614,6 +614,7 @@ class Worker:
         for p, offset in starts.items():
             if p in self.outbox.owned:
                 self.outbox.start(p, offset)
+                self.outbox.prepare(p)  # its producer, before its first verdicts need it
                 self.outbox.schedule(p)  # records judged before it was known may be ready
                 self._watch_holes(p)
         self._kick(partial=True)  # the records that waited for it

@@ -113,6 +113,7 @@ class Outbox:
         self._suspects: dict[int, dict[int, str]] = {}  # partition -> offset -> why its send failed
         self._shrink: dict[tuple[int, int], int] = {}  # (partition, offset) -> dead letter shrink level
         self._failures: dict[int, int] = {}  # partition -> flushes failed in a row (not Kafka errors)
+        self._preparing: set[asyncio.Task] = set()  # producers started ahead (prepare)
         self._began: dict[int, float] = {}  # partition -> when its last transaction began (monotonic)
 
     def _lock(self, partition: int) -> asyncio.Lock:
@@ -136,6 +137,23 @@ class Outbox:
             await p.start()  # init_transactions: fences an earlier owner of this partition
             self._producers[partition] = p
         return p
+
+    def prepare(self, partition: int) -> None:
+        """Start the partition's transactional producer now, in the background: its start
+        (``init_transactions``, a round trip to the transaction coordinator that fences an earlier
+        owner) no longer delays the first verdicts of an assignment.  A start that fails is left
+        to the first flush, which tries again."""
+        task = asyncio.get_running_loop().create_task(self._prepare(partition))
+        self._preparing.add(task)
+        task.add_done_callback(self._preparing.discard)
+
+    async def _prepare(self, partition: int) -> None:
+        try:
+            async with self._lock(partition):  # (a flush or a revocation of the partition waits)
+                if partition in self.owned and partition not in self._producers:
+                    await self._producer(partition)
+        except Exception as e:
+            log.info("partition %d: its producer did not start ahead (%r); its first flush starts it", partition, e)
 
     def assign(self, partitions: set[int]) -> None:
         """The input partitions assigned now; each one not kept from before waits for its
@@ -493,6 +511,8 @@ class Outbox:
         return ", ".join(f"{p}: {'busy' if lock.locked() else 'idle'}" for p, lock in sorted(self._locks.items()))
 
     async def close(self) -> None:
+        for task in list(self._preparing):
+            task.cancel()
         for partition in list(self._producers):
             await self.revoke(partition)
 
