@@ -252,17 +252,44 @@ def _ready(pending: Pending, partition: int, offset: int) -> None:
     pending.answer_one(req, 0, -1)
 
 
+def _assigned(**settings) -> tuple[Pending, Outbox]:
+    """An outbox owning partition 0, its committed offset 0."""
+    pending = Pending(n_groups=1)
+    outbox = Outbox(Settings(pages_topic="in", **settings), Topics("u", "n", "v", "d"), pending)
+    outbox.assign({0})
+    outbox.start(0, 0)
+    return pending, outbox
+
+
+def _gated(outbox: Outbox, make) -> tuple[asyncio.Event, list[int]]:
+    """The outbox's producers made by ``make()``, each start held until ``gate`` is set (as
+    init_transactions waits for the coordinator); ``started``: the partitions whose start began."""
+    gate, started = asyncio.Event(), []
+
+    async def producer(partition):
+        if partition not in outbox._producers:
+            started.append(partition)
+            await gate.wait()
+            outbox._producers[partition] = make()
+        return outbox._producers[partition]
+
+    outbox._producer = producer
+    return gate, started
+
+
+async def _until(condition) -> None:
+    while not condition():
+        await asyncio.sleep(0.005)
+
+
 @pytest.mark.parametrize("interval", [0.0, 0.3])
 def test_verdicts_ready_soon_after_a_transaction_wait_for_the_interval_and_go_together(interval):
     """--transaction-interval: a partition's transactions start at least that far apart, so
     verdicts ready in between go out together (fewer transactions, less CPU for the worker and
     the broker); with 0 each flush commits at once."""
-    pending, log = Pending(n_groups=1), []
-    outbox = Outbox(Settings(pages_topic="in", transaction_interval=interval), Topics("u", "n", "v", "d"), pending)
-    outbox.assign({0})
-    outbox.start(0, 0)
+    pending, outbox = _assigned(transaction_interval=interval)
+    log, times = [], []
     producer = RefusingProducer(log, {})
-    times: list[float] = []
     real_commit = producer.commit_transaction
 
     async def commit() -> None:
@@ -270,11 +297,8 @@ def test_verdicts_ready_soon_after_a_transaction_wait_for_the_interval_and_go_to
         await real_commit()
 
     producer.commit_transaction = commit
-
-    async def get(partition):
-        return producer
-
-    outbox._producer = get
+    gate, _ = _gated(outbox, lambda: producer)
+    gate.set()
 
     async def scenario() -> None:
         _ready(pending, 0, 0)
@@ -287,42 +311,22 @@ def test_verdicts_ready_soon_after_a_transaction_wait_for_the_interval_and_go_to
         await asyncio.wait_for(_until(lambda: outbox.committed.get(0) == 4), 5)
 
     asyncio.run(scenario())
-    batches = [[key for _, key, _, _ in records if key is not None] for records, _ in log]
     if interval:
         assert len(log) == 2 and times[1] - times[0] >= interval * 0.9
-        assert {k for k in batches[1]} == {b"p1", b"p2", b"p3"}
+        assert {key for _, key, _, _ in log[1][0]} == {b"p1", b"p2", b"p3"}
     else:
         assert len(log) == 4
-
-
-async def _until(condition) -> None:
-    while not condition():
-        await asyncio.sleep(0.005)
 
 
 def test_a_partition_s_producer_is_started_ahead_once_and_its_first_flush_uses_it():
     """Outbox.prepare (called when an assignment's committed offset is known): the producer's
     start no longer waits for the first verdicts; a flush meanwhile waits for it and does not
     start a second producer (two producers of one transactional id fence each other)."""
-    pending, log = Pending(n_groups=1), []
-    outbox = Outbox(Settings(pages_topic="in"), Topics("u", "n", "v", "d"), pending)
-    outbox.assign({0})
-    outbox.start(0, 0)
-    started: list[int] = []
-    gate = None
-
-    async def producer(partition):
-        if partition not in outbox._producers:
-            started.append(partition)
-            await gate.wait()  # (init_transactions: a round trip to the coordinator)
-            outbox._producers[partition] = RefusingProducer(log, {})
-        return outbox._producers[partition]
-
-    outbox._producer = producer
+    pending, outbox = _assigned()
+    log: list = []
+    gate, started = _gated(outbox, lambda: RefusingProducer(log, {}))
 
     async def scenario() -> None:
-        nonlocal gate
-        gate = asyncio.Event()
         outbox.prepare(0)
         outbox.prepare(1)  # not this worker's: no producer
         await asyncio.sleep(0.05)
@@ -340,28 +344,16 @@ def test_a_partition_s_producer_is_started_ahead_once_and_its_first_flush_uses_i
 
 
 def test_a_partition_revoked_while_its_producer_starts_ahead_keeps_no_producer():
-    pending = Pending(n_groups=1)
-    outbox = Outbox(Settings(pages_topic="in"), Topics("u", "n", "v", "d"), pending)
-    outbox.assign({0})
-    outbox.start(0, 0)
+    _, outbox = _assigned()
     stopped: list[int] = []
 
     class Stoppable(RefusingProducer):
         async def stop(self) -> None:
             stopped.append(0)
 
-    gate = None
-
-    async def producer(partition):
-        await gate.wait()
-        outbox._producers[partition] = Stoppable([], {})
-        return outbox._producers[partition]
-
-    outbox._producer = producer
+    gate, started = _gated(outbox, lambda: Stoppable([], {}))
 
     async def scenario() -> None:
-        nonlocal gate
-        gate = asyncio.Event()
         outbox.prepare(0)
         await asyncio.sleep(0.02)
         revoke = asyncio.ensure_future(outbox.revoke(0))
@@ -372,4 +364,4 @@ def test_a_partition_revoked_while_its_producer_starts_ahead_keeps_no_producer()
         await asyncio.wait_for(_until(lambda: not outbox._preparing), 5)
 
     asyncio.run(scenario())
-    assert not outbox._producers and stopped == [0]
+    assert started == [0] and not outbox._producers and stopped == [0]

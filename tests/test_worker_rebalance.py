@@ -155,6 +155,19 @@ def assigned(worker, monkeypatch):
     return worker
 
 
+def batch_sizes(worker: Worker, monkeypatch) -> list[int]:
+    """The sizes of the batches the worker takes from now on, in order."""
+    sizes: list[int] = []
+    drain = worker.drain
+
+    async def counted(events, generation=None):
+        sizes.append(len(events))
+        return await drain(events, generation)
+
+    monkeypatch.setattr(worker, "drain", counted)
+    return sizes
+
+
 def deliver(worker: Worker, partition: int, offsets) -> None:
     for e in events(partition, offsets):
         worker._deliver(e)  # what the pages agent does with each event
@@ -707,14 +720,7 @@ def test_large_pages_pause_the_partitions_by_their_bytes_in_smaller_batches(assi
     monkeypatch.setattr(
         worker.app, "consumer", SimpleNamespace(pause_partitions=paused.append, resume_partitions=lambda tps: None)
     )
-    sizes: list[int] = []
-    drain = worker.drain
-
-    async def counted(events, generation=None):
-        sizes.append(len(events))
-        return await drain(events, generation)
-
-    monkeypatch.setattr(worker, "drain", counted)
+    sizes = batch_sizes(worker, monkeypatch)
 
     def big(offset: int) -> Event:
         page = {"url": f"http://big.test/{offset}", "content": f"<p>page {offset} words</p>" + "x" * (256 << 10)}
@@ -743,14 +749,7 @@ def test_a_backlog_starts_with_a_small_batch_and_doubles_to_the_batch_size(assig
     batch of a backlog at once: 500 pages fingerprinted before the first verdict, 1.3-1.9 s into
     a backlog on 2 cores.  An idle pipeline now starts with FIRST_BATCH pages and doubles."""
     worker = assigned
-    sizes: list[int] = []
-    drain = worker.drain
-
-    async def counted(events, generation=None):
-        sizes.append(len(events))
-        return await drain(events, generation)
-
-    monkeypatch.setattr(worker, "drain", counted)
+    sizes = batch_sizes(worker, monkeypatch)
     size, first = worker.settings.batch_size, app_module.FIRST_BATCH
     ramp = [min(size, first << i) for i in range(5)]
     ramp = ramp[: ramp.index(size) + 1] if size in ramp else ramp
