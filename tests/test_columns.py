@@ -72,3 +72,26 @@ def test_take_is_a_copy(tmp_path, where):
     assert col.view().tolist() == [0, 1, 2, 3, 4]
     if where == "file":
         col.close()
+
+
+@pytest.mark.parametrize("where", ["file", "memory"])
+def test_many_reads_what_reading_each_string_reads(tmp_path, where):
+    """StringHeap.many (a shard's matches named in one go): the same strings as one ``heap[i]``
+    each, for any indices: repeated, out of order, next to each other (one read), the first,
+    empty strings, non-ASCII and lone surrogates; an index out of range is refused."""
+    heap = StringHeap(str(tmp_path / "s") if where == "file" else None)
+    rng = np.random.default_rng(7)
+    words: list[str] = []
+    for batch in range(20):
+        new = [
+            ("é\udcff" if j % 5 == 0 else "x") * int(rng.integers(0, 6)) + f"{batch}.{j}" * (j % 2) for j in range(9)
+        ]
+        heap.extend(new)
+        words += new
+        for indices in (rng.integers(0, len(words), 25), np.arange(len(words)), np.array([0, 1, 0]), []):
+            assert heap.many(indices) == [heap[int(i)] for i in indices] == [words[int(i)] for i in indices]
+    with pytest.raises(IndexError):
+        heap.many([0, len(words)])
+    with pytest.raises(IndexError):
+        heap.many([-1])
+    heap.close()

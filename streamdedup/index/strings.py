@@ -199,6 +199,39 @@ class StringHeap:
         raw = self._data[start:end] if self._fd is None else os.pread(self._fd, end - start, start)
         return raw.decode("utf-8", "surrogatepass")
 
+    def many(self, indices: np.ndarray | list[int]) -> list[str]:
+        """``[self[i] for i in indices]`` with one read of the ends for all of them and, from a
+        file, one ``pread`` for each run of strings that lie next to each other (a stored page's
+        id and URL are numbered 2 r and 2 r + 1)."""
+        idx = np.asarray(indices, dtype=np.int64)
+        if not len(idx):
+            return []
+        if idx.min() < 0 or idx.max() >= self._n:
+            raise IndexError(int(idx[(idx < 0) | (idx >= self._n)][0]))
+        before = np.maximum(idx - 1, 0)
+        if self._file_ends is None:
+            starts, stops = self._mem_ends[before], self._mem_ends[idx]
+        else:
+            both = self._file_ends.take(np.concatenate((before, idx)))
+            starts, stops = both[: len(idx)], both[len(idx) :]
+        s, t = np.where(idx > 0, starts, 0).tolist(), stops.tolist()
+        if self._fd is None:
+            data = self._data
+            return [data[a:b].decode("utf-8", "surrogatepass") for a, b in zip(s, t)]
+        out: list[str] = []
+        i = 0
+        while i < len(s):
+            j = i
+            while j + 1 < len(s) and s[j + 1] == t[j]:
+                j += 1
+            base = s[i]
+            blob = os.pread(self._fd, t[j] - base, base)
+            out.extend(
+                blob[a - base : b - base].decode("utf-8", "surrogatepass") for a, b in zip(s[i : j + 1], t[i : j + 1])
+            )
+            i = j + 1
+        return out
+
     def data(self) -> bytes:
         """All string bytes (reads the whole file of a file-backed heap)."""
         return bytes(self._data) if self._fd is None else os.pread(self._fd, self._size, 0)

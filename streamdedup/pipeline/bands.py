@@ -19,7 +19,7 @@ import numpy as np
 
 from streamdedup.index.bands import BandScheme, BandTable, tags
 from streamdedup.index.strings import StringHeap, texts_from_state, texts_state
-from streamdedup.pipeline.shard import Answers, partition_of
+from streamdedup.pipeline.shard import Answers, name_matches, partition_of
 from streamdedup.pipeline.wire import Batch
 
 __all__ = ["BandPlan", "BandStore"]
@@ -192,9 +192,7 @@ class BandStore:
         p, r = sel[hit], found.row[hit]
         out.distance[p], out.fingerprint[p] = found.rank[hit], self.table.fps.take(r)
         out.id_hash[p] = self.table.id_hash.take(r)
-        for i, stored in zip(p.tolist(), r.tolist()):
-            out.ids[i] = self.texts[2 * stored] or self.texts[2 * stored + 1]
-            out.urls[i] = self.texts[2 * stored + 1]
+        name_matches(self.texts, r, p, out)
 
     def state(self) -> dict[str, np.ndarray]:
         out = {f"table.{k}": v for k, v in self.table.state().items()}

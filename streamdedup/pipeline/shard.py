@@ -71,7 +71,7 @@ from streamdedup.index.tables import TableDesign
 from streamdedup.pipeline.snapshot_file import read_arrays, write_arrays
 from streamdedup.pipeline.wire import ANSWERS, CHECKS, PROBES, Batch, decode, kind_of
 
-__all__ = ["WORKER_DESIGN", "Plan", "Store", "ShardPlan", "Shard", "Answers", "ShardStep", "shard_step"]
+__all__ = ["WORKER_DESIGN", "Plan", "Store", "ShardPlan", "Shard", "Answers", "ShardStep", "name_matches", "shard_step"]
 
 #: The worker's table design for k = 3 (``--design``): Manku's 4-table design, one table per
 #: shard group keyed by the group's block (a BlockIndex: 12 bytes an entry, no by-row column).
@@ -612,6 +612,16 @@ def shard_step(
     return out
 
 
+def name_matches(texts: StringHeap, rows: np.ndarray, probes: np.ndarray, out: Answers) -> None:
+    """The id and URL of stored row ``rows[k]`` as the match of probe ``probes[k]``: a group's
+    strings hold row r's id at 2 r ("" when it is the URL) and its URL at 2 r + 1, read for all
+    the matches at once (:meth:`StringHeap.many`)."""
+    texts_read = texts.many(np.stack((2 * rows, 2 * rows + 1), axis=1).ravel())
+    for k, i in enumerate(probes.tolist()):
+        out.ids[i] = texts_read[2 * k] or texts_read[2 * k + 1]
+        out.urls[i] = texts_read[2 * k + 1]
+
+
 class _GroupStore:
     """One group's tables in one shard, and what an answer tells of each stored page.
 
@@ -744,9 +754,7 @@ class _GroupStore:
         p, r = sel[q[best]], row[best]
         out.distance[p], out.fingerprint[p] = dist[best], row_fp[best]
         out.fetched[p], out.id_hash[p] = self.fetched.take(r), self.id_hash.take(r)
-        for i, stored in zip(p.tolist(), r.tolist()):
-            out.ids[i] = self.texts[2 * stored] or self.texts[2 * stored + 1]
-            out.urls[i] = self.texts[2 * stored + 1]
+        name_matches(self.texts, r, p, out)
 
     def state(self) -> dict[str, np.ndarray]:
         out = {f"index.{k}": v for k, v in self.index.state().items()}
