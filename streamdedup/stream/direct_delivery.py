@@ -19,7 +19,7 @@ Written against faust-streaming 0.15.3's ``Consumer._drain_messages`` (the loop 
 loop with the direct branch added); ``tests/test_direct_delivery.py`` fails when faust's loop
 changes, so that this one is checked against it again.  Records delivered directly do not pass
 faust's stream sensors: ``streamdedup_faust_events*`` no longer count pages (the worker's own
-``streamdedup_pages_*`` metrics do).
+``streamdedup_pages_total`` does).
 """
 
 from __future__ import annotations
