@@ -226,8 +226,8 @@ class Outbox:
         """Wait until --transaction-interval has passed since the partition's last transaction
         began: verdicts ready in between then share one transaction.  Under a steady stream of
         small batches a transaction a batch and partition cost the worker and the broker more CPU
-        than the pages (bench/README.md, "Transactions spaced"); an idle partition's first
-        verdicts go out at once."""
+        than the pages (bench/README.md, "The pages straight from faust's drain loop; transactions
+        spaced"); an idle partition's first verdicts go out at once."""
         wait = self._began.get(partition, -math.inf) + self.settings.transaction_interval - time.monotonic()
         if wait > 0:
             await asyncio.sleep(wait)
