@@ -93,10 +93,13 @@ def test_kill_ends_a_task_past_its_deadline_and_the_pool_goes_on():
     pool = FingerprintPool(1)
     try:
         stuck = pool.submit(time.sleep, 600)
+        queued = pool.submit(sum, [1])  # behind it, not handed to a process yet: failed, not cancelled
         t0 = time.monotonic()
         pool.kill()
         with pytest.raises(BrokenProcessPool):
             stuck.result(timeout=60)
+        with pytest.raises(BrokenProcessPool):  # (the worker retries those; a CancelledError was lost)
+            queued.result(timeout=60)
         assert time.monotonic() - t0 < 30 and pool.renewals == 1
         assert pool.submit(sum, [1, 2]).result(timeout=60) == 3
     finally:

@@ -101,8 +101,11 @@ class FingerprintPool(Executor):
         old, self.renewals = self._pool, self.renewals + 1
         log.error("a fingerprinting process died; starting %d new one(s) (renewal %d)", self.processes, self.renewals)
         self._pool = fingerprint_pool(self.processes)
-        # (a broken pool's manager thread has ended or is ending: this does not wait for work)
-        old.shutdown(wait=True, cancel_futures=True)
+        # (a broken pool's manager thread has ended or is ending: this does not wait for work.)
+        # Not cancel_futures: a task submitted just before a kill, not yet handed to a process, was
+        # cancelled by it, and its batch ended with CancelledError, neither judged nor retried;
+        # the broken pool fails it with BrokenProcessPool, which the caller retries
+        old.shutdown(wait=True, cancel_futures=False)
 
     def kill(self) -> None:
         """Kill the processes (a task ran past its deadline: a running task cannot be cancelled);
